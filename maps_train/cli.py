@@ -1,0 +1,77 @@
+"""The `maps-train` command: a thin layer over functions the tests call directly.
+
+Each stage package that has commands ships a `cli.py` with `register(app)`; only packages that provide one
+appear in `--help`. Every `MapsTrainError` is printed as one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import typer
+
+from maps_train.errors import MapsTrainError
+
+app = typer.Typer(
+    name="maps-train",
+    help="Distil the MAPS multi-hop retrieval agent into per-role LoRA adapters, serve and evaluate it.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+config_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+# Stage packages whose cli.py registers commands, in the order they appear in --help.
+COMMAND_MODULES = (
+    "maps_train.models.cli",
+    "maps_train.retrieval.cli",
+    "maps_train.llm.cli",
+    "maps_train.agents.cli",
+    "maps_train.traces.cli",
+    "maps_train.train.cli",
+    "maps_train.serve.cli",
+    "maps_train.evaluate.cli",
+    "maps_train.analysis.cli",
+    "maps_train.demo",
+)
+
+
+@config_app.command("show")
+def config_show(
+    recipe: str = typer.Argument(None, help="A recipe YAML file (defaults when omitted)."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. agent.num_directions=4"),
+) -> None:
+    """Print the resolved recipe: file values, overrides and defaults."""
+    from maps_train.config import dump_yaml
+    from maps_train.recipe import load_recipe
+
+    typer.echo(dump_yaml(load_recipe(recipe, overrides or [])), nl=False)
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(name) is None:
+            continue
+        module = importlib.import_module(name)
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    try:
+        app()
+    except MapsTrainError as err:
+        typer.echo(f"maps-train: error: {err}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

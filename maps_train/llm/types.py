@@ -1,0 +1,52 @@
+"""Requests and results of the batched chat interface."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class ChatRequest:
+    role: str  # the agent role making the call; the router picks backend, model and adapter from it
+    messages: list[dict[str, str]]
+    json_schema: dict[str, Any] | None = None  # constrain the output where the route allows it
+    question_id: str | None = None  # for the cost ledger
+    # Per-request overrides of the route's sampling (None: the route's value).
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stop: list[str] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # merged over the route's (e.g. enable_thinking)
+    continue_final_message: bool = False  # the last message is a partial assistant turn to continue
+
+
+@dataclass
+class Completion:
+    text: str
+    reasoning: str | None = None  # Qwen3 thinking, when the model thought
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    model: str = ""
+    adapter: str | None = None
+    finish_reason: str | None = None  # "stop", "length", ...
+    role: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Anything that turns a batch of chat requests into completions, in order."""
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]: ...
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    by_role: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -1,0 +1,190 @@
+"""The recipe: one YAML file per experiment, one dataclass section per pipeline stage.
+
+Every command reads the sections it needs from the same recipe, so a teacher run, its SFT sets, the student's
+training and its serving are described in one place. Field names are the YAML keys; see `recipes/` for examples
+and `maps-train config show RECIPE` for the resolved values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Roles of the MAPS agent; baselines add their own role names (e.g. "reasoner", "condenser", "searcher").
+MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
+
+
+@dataclass
+class RetrievalConfig:
+    corpus: str = "data/demo/corpus.jsonl"
+    kind: Literal["dense", "bm25"] = "dense"
+    encoder: str = "builtin:minilm-l6"
+    index_dir: str | None = None  # built by `maps-train index build`; default: <corpus dir>/index-<encoder>
+    index_type: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    top_k: int = 5
+    service_url: str | None = None  # a running `maps-train retrieve serve`; in-process search when null
+    encode_batch_size: int = 64
+    chunk_size: int = 4096  # passages per resumable embedding chunk
+    fp16: bool = True  # on GPU only
+    hnsw_m: int = 32
+    ivf_nlist: int = 4096
+    pq_m: int = 64
+    nprobe: int = 64
+
+
+@dataclass
+class RoleRoute:
+    """Where one role's calls go and how they are sampled."""
+
+    backend: Literal["vllm", "openai", "hf"] = "vllm"
+    model: str = "builtin:smollm2-135m-instruct"
+    adapter: str | None = None  # a LoRA adapter folder (vllm, hf) or the served adapter name (openai)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    enable_thinking: bool = False  # Qwen3 chat-template switch
+    structured: bool = True  # constrain the output with the role's JSON schema where the backend can
+    seed: int | None = None
+
+
+@dataclass
+class BackendConfig:
+    """Engine and client settings shared by every route."""
+
+    dtype: str = "auto"  # float32 on CPU (bf16 degenerates small models there)
+    max_model_len: int = 4096
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = False
+    max_lora_rank: int = 16
+    cpu_kv_cache_gib: int = 2
+    base_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])  # openai backend
+    api_key: str = "EMPTY"
+    concurrency: int = 32
+    request_timeout_s: float = 120.0
+    max_retries: int = 4
+    truncate_prompt: Literal["error", "left"] = "left"  # prompts over the context: refuse, or drop the oldest tokens
+    hf_batch_size: int = 16
+
+
+@dataclass
+class AgentConfig:
+    method: Literal["maps", "vanilla", "search_o1", "parallel_search", "s3"] = "maps"
+    num_directions: int = 3  # N; the no-parallelism ablation is N = 1
+    max_rounds: int = 10
+    top_k: int = 5
+    use_directions: bool = True  # ablation "no directions": the writer writes N sub-queries directly
+    decoupled: bool = True  # ablation "no decoupling": every role also sees the full trajectory
+    answer_mode: Literal["auto", "short", "choice"] = "auto"  # auto: choice when a question has options
+    batch_size: int = 64  # questions advanced together
+    max_passage_words: int = 120
+    max_searches: int = 10  # search_o1 / parallel_search / s3
+    max_turns: int = 15
+    prompts_dir: str | None = None  # overrides the packaged prompt files
+
+
+@dataclass
+class TracesConfig:
+    questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"])
+    out_dir: str = "runs/traces"
+    samples_per_question: int = 1
+    sample_temperature: float = 0.7  # used when samples_per_question > 1
+    limit: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class SFTDataConfig:
+    traces_dir: str = "runs/traces"
+    out_dir: str = "runs/sft"
+    # adapter -> the trace roles whose calls train it
+    adapter_roles: dict[str, list[str]] = field(
+        default_factory=lambda: {
+            "proposer": ["proposer"],
+            "writer": ["writer"],
+            "consolidator": ["consolidator", "answer"],
+        }
+    )
+    require_correct: bool = True
+    require_parsed: bool = True
+    max_prompt_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    dedupe: bool = True
+    skip_bad_lines: bool = False
+    enable_thinking: bool = False
+    tokenizer: str | None = None  # for token statistics; the student when null
+
+
+@dataclass
+class TrainConfig:
+    student: str = "builtin:smollm2-135m-instruct"
+    sft_dir: str = "runs/sft"
+    output_dir: str = "runs/adapters"
+    shared_adapter: bool = False  # one adapter for all roles instead of one per role
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+    learning_rate: float = 2e-4
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_length: int = 2048
+    packing: bool = False
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    logging_steps: int = 10
+    seed: int = 0
+    dtype: str = "auto"
+    sft_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to trl.SFTConfig
+
+
+@dataclass
+class ServeConfig:
+    base_model: str | None = None  # the student; train.student when null
+    adapters_dir: str | None = None  # train.output_dir when null
+    host: str = "127.0.0.1"
+    port: int = 8000
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 600.0
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "maps-train"
+    entity: str | None = None
+    group: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    dir: str | None = None
+
+
+@dataclass
+class Recipe:
+    name: str = "default"
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    # role -> route; roles not listed use "default"
+    roles: dict[str, RoleRoute] = field(default_factory=lambda: {"default": RoleRoute()})
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
+    sft_data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def route(self, role: str) -> RoleRoute:
+        if role in self.roles:
+            return self.roles[role]
+        if "default" in self.roles:
+            return self.roles["default"]
+        from maps_train.errors import ConfigError
+
+        raise ConfigError(f"roles.{role}: no route for role '{role}' and no 'default' route")
+
+
+def load_recipe(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    from maps_train.config import load_config
+
+    return load_config(Recipe, path, overrides)

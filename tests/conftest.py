@@ -1,0 +1,58 @@
+"""Shared fixtures: offline builtins materialised once per session, paths to the real data.
+
+Environment: tests run offline (HF_HUB_OFFLINE=1) against builtin models cached under MAPS_TRAIN_HOME
+(default: <repo>/.cache/maps-train, so repeated runs reuse the converted SmolLM2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+REALDATA = REPO.parent / "shared" / "realdata"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def realdata() -> Path:
+    if not (REALDATA / "corpus" / "corpus.jsonl").exists():
+        pytest.skip("../shared/realdata is not beside the checkout")
+    return REALDATA
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3() -> str:
+    """Folder of the builtin tiny Qwen3 (random weights, 2k BPE vocabulary, Qwen3 chat template)."""
+    from maps_train.models import resolve_model
+
+    return resolve_model("builtin:tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    from maps_train.models import resolve_model
+
+    return resolve_model("builtin:minilm-l6")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    from maps_train.models import resolve_model
+
+    return resolve_model("builtin:smollm2-135m-instruct")

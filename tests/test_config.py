@@ -1,0 +1,85 @@
+"""Recipes: YAML onto dataclasses, dotted overrides, one-line errors naming file and field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from maps_train.config import load_config
+from maps_train.errors import ConfigError
+from maps_train.recipe import Recipe, load_recipe
+
+
+def write(tmp_path, text):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = write(tmp_path, "name: t\nagent:\n  num_directions: 2\nroles:\n  default:\n    max_tokens: 32\n  proposer:\n    max_tokens: 64\n")
+    recipe = load_recipe(str(path), ["agent.num_directions=4", "agent.decoupled=false", "train.learning_rate=1e-4"])
+    assert recipe.agent.num_directions == 4
+    assert recipe.agent.decoupled is False
+    assert recipe.train.learning_rate == pytest.approx(1e-4)
+    assert recipe.roles["proposer"].max_tokens == 64
+    assert recipe.route("proposer").max_tokens == 64
+    assert recipe.route("writer") is recipe.roles["default"]
+
+
+def test_int_accepted_for_float_and_literal_checked(tmp_path):
+    path = write(tmp_path, "train:\n  num_train_epochs: 2\nretrieval:\n  index_type: hnsw\n")
+    recipe = load_recipe(str(path))
+    assert recipe.train.num_train_epochs == 2.0 and isinstance(recipe.train.num_train_epochs, float)
+    with pytest.raises(ConfigError, match=r"retrieval.index_type: expected one of 'flat', 'hnsw', 'ivfpq'"):
+        load_recipe(str(path), ["retrieval.index_type=annoy"])
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("agent:\n  num_directons: 3\n", r"recipe.yaml: agent.num_directons: unknown key \(did you mean 'num_directions'\?\)"),
+        ("agent:\n  num_directions: three\n", r"recipe.yaml: agent.num_directions: expected int, got 'three'"),
+        ("agent:\n  decoupled: 1\n", r"agent.decoupled: expected bool"),
+        ("roles:\n  proposer:\n    backend: tgi\n", r"roles.proposer.backend: expected one of"),
+        ("agent: [1, 2]\n", r"recipe.yaml: agent: expected AgentConfig"),
+        ("agent:\n  num_directions: [\n", r"recipe.yaml:\d+: invalid YAML"),
+    ],
+)
+def test_bad_recipes_name_file_and_field(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(str(write(tmp_path, text)))
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope.yaml: no such recipe file"):
+        load_recipe(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match=r"expected KEY=VALUE"):
+        load_recipe(None, ["agent.num_directions"])
+    with pytest.raises(ConfigError, match=r"agent.bogus: unknown key"):
+        load_config(Recipe, None, ["agent.bogus=1"])
+
+
+def test_every_shipped_recipe_loads(repo_root):
+    recipes = sorted((repo_root / "recipes").rglob("*.yaml"))
+    recipes = [p for p in recipes if "accelerate" not in p.parts]
+    assert recipes, "no recipes shipped"
+    for path in recipes:
+        load_recipe(str(path))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "maps_train.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_config_show_and_one_line_error(tmp_path):
+    path = write(tmp_path, "agent:\n  max_rounds: 4\n")
+    shown = run_cli("config", "show", str(path), "agent.num_directions=5")
+    assert shown.returncode == 0, shown.stderr
+    assert "max_rounds: 4" in shown.stdout and "num_directions: 5" in shown.stdout
+    bad = run_cli("config", "show", str(write(tmp_path, "agent:\n  max_round: 4\n")))
+    assert bad.returncode == 2
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert lines == [f"maps-train: error: {path}: agent.max_round: unknown key (did you mean 'max_rounds'?)"]
