@@ -1,0 +1,65 @@
+"""The question record every method answers and every dataset loader yields (FlashRAG JSONL convention)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from maps_train.errors import MapsTrainError
+
+
+@dataclass
+class Question:
+    id: str
+    question: str
+    golden_answers: list[str] = field(default_factory=list)
+    # Multiple choice (GPQA): the options in the order shown, labelled A, B, C, ...; the gold answer is a letter.
+    options: list[str] | None = None
+    dataset: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any], dataset: str = "") -> "Question":
+        return cls(
+            id=str(row["id"]),
+            question=str(row["question"]),
+            golden_answers=[str(a) for a in row.get("golden_answers") or []],
+            options=row.get("options"),
+            dataset=row.get("dataset") or dataset,
+            metadata=row.get("metadata") or {},
+        )
+
+
+def iter_questions(path: str | Path, dataset: str | None = None) -> Iterator[Question]:
+    """Read FlashRAG-format JSONL (`id`, `question`, `golden_answers`, `metadata`); errors name file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise MapsTrainError(f"{path}: no such questions file")
+    name = dataset if dataset is not None else path.parent.name
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise MapsTrainError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+            if not isinstance(row, dict) or "question" not in row:
+                raise MapsTrainError(f"{path}:{number}: missing field 'question'")
+            if "id" not in row:
+                row = {**row, "id": f"{name}-{number}"}
+            yield Question.from_dict(row, dataset=name)
+
+
+def load_questions(path: str | Path, dataset: str | None = None, limit: int | None = None) -> list[Question]:
+    questions = []
+    for question in iter_questions(path, dataset):
+        if limit is not None and len(questions) >= limit:
+            break
+        questions.append(question)
+    return questions
