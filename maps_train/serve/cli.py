@@ -1,0 +1,38 @@
+"""`maps-train serve RECIPE`: the student base with one LoRA adapter per role behind one vLLM server."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        recipe: str = typer.Argument(..., help="The distillation recipe (train.student, train.output_dir, serve.*)."),
+        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. serve.port=8100"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact vllm command and routing; start nothing."),
+        log: str = typer.Option(None, help="Append the server's output to this file."),
+    ) -> None:
+        """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
+        from maps_train.config import dump_yaml
+        from maps_train.recipe import load_recipe
+        from maps_train.serve.plan import plan_server
+        from maps_train.serve.server import VLLMServer
+
+        plan = plan_server(load_recipe(recipe, overrides or []))
+        typer.echo("command: " + shlex.join(plan.command))
+        routing = dump_yaml({"backend": {"base_urls": [plan.url]}, "roles": plan.routes})
+        if dry_run:
+            typer.echo("# routing for the agent (paste into a recipe):\n" + routing)
+            return
+        server = VLLMServer(plan, log_path=log, timeout_s=load_recipe(recipe, overrides or []).serve.startup_timeout_s)
+        with server:
+            typer.echo(f"healthy at {plan.url}\n# routing for the agent (paste into a recipe):\n" + routing)
+            try:
+                while server.process is not None and server.process.poll() is None:
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                typer.echo("stopping vllm serve ...")

@@ -1,0 +1,148 @@
+"""From a distillation recipe to a vLLM multi-LoRA server command and the role routing that uses it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from maps_train.errors import MapsTrainError
+from maps_train.models.resolve import resolve_model
+from maps_train.recipe import Recipe, RoleRoute
+
+# vLLM accepts only these LoRA ranks for --max-lora-rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass
+class ServerPlan:
+    base_model: str  # resolved path or hub id
+    adapters: dict[str, str]  # served adapter name -> folder
+    max_lora_rank: int
+    command: list[str]
+    url: str
+    routes: dict[str, RoleRoute]  # role -> route for the agent (backend openai, adapter = served name)
+
+
+def adapter_paths(recipe: Recipe) -> dict[str, Path]:
+    """Adapter name -> folder, as the training stage writes them (`<train.output_dir>/<adapter>`)."""
+    root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
+    names = ["shared"] if recipe.train.shared_adapter else list(recipe.sft_data.adapter_roles)
+    return {name: root / name for name in names}
+
+
+def _role_to_adapter(recipe: Recipe) -> dict[str, str]:
+    if recipe.train.shared_adapter:
+        roles = {role for roles in recipe.sft_data.adapter_roles.values() for role in roles}
+        return {role: "shared" for role in sorted(roles)}
+    return {role: adapter for adapter, roles in recipe.sft_data.adapter_roles.items() for role in roles}
+
+
+def _read_adapter_config(name: str, folder: Path) -> dict:
+    config_path = folder / "adapter_config.json"
+    if not config_path.is_file():
+        raise MapsTrainError(f"adapter '{name}': {config_path} not found (train it first: maps-train train RECIPE)")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise MapsTrainError(f"{config_path}: invalid JSON ({err.msg})") from None
+
+
+def _same_base(recorded: str | None, base: str, base_name: str) -> bool:
+    if not recorded:
+        return True
+    if recorded in (base, base_name):
+        return True
+    try:
+        return Path(recorded).resolve() == Path(base).resolve()
+    except OSError:
+        return False
+
+
+def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
+    """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank."""
+    from maps_train.train.adapter_check import check_adapter
+
+    base_name = recipe.serve.base_model or recipe.train.student
+    base = resolve_model(base_name)
+    adapters = adapter_paths(recipe)
+    ranks = []
+    for name, folder in adapters.items():
+        config = _read_adapter_config(name, folder)
+        check_adapter(folder)
+        recorded = config.get("base_model_name_or_path")
+        if not _same_base(recorded, base, base_name):
+            raise MapsTrainError(
+                f"adapter '{name}' ({folder}): trained on base '{recorded}', but the server base is '{base_name}' ({base})"
+            )
+        ranks.append(int(config.get("r", 0)))
+    if not adapters:
+        raise MapsTrainError("serve: the recipe names no adapters (sft_data.adapter_roles is empty)")
+    max_rank = next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), None)
+    if max_rank is None:
+        raise MapsTrainError(f"serve: adapter rank {max(ranks)} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    return base, adapters, max_rank
+
+
+def _vllm_executable() -> list[str]:
+    beside = Path(sys.executable).parent / "vllm"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("vllm")
+    return [found] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def plan_server(recipe: Recipe) -> ServerPlan:
+    base, adapters, max_rank = check_adapters(recipe)
+    serve, backend = recipe.serve, recipe.backend
+    thinking = {"enable_thinking": recipe.sft_data.enable_thinking}
+    command = [
+        *_vllm_executable(), "serve", base,
+        "--host", serve.host, "--port", str(serve.port),
+        "--enable-lora",
+        "--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()],
+        "--max-loras", str(len(adapters)),
+        "--max-lora-rank", str(max_rank),
+        "--dtype", backend.dtype,
+        "--max-model-len", str(backend.max_model_len),
+        # Render prompts exactly as training did (Qwen3 thinking on/off), whatever the client sends by default.
+        "--default-chat-template-kwargs", json.dumps(thinking),
+    ]
+    if backend.enforce_eager:
+        command.append("--enforce-eager")
+    if backend.tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(backend.tensor_parallel_size)]
+    command += serve.extra_args
+    url = f"http://{serve.host}:{serve.port}/v1"
+    return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
+                      distilled_routes(recipe, via="server", base=base))
+
+
+def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = None) -> dict[str, RoleRoute]:
+    """Role -> route for the distilled student: `engine` (offline vLLM, adapter folder) or `server` (adapter name)."""
+    if via not in ("engine", "server"):
+        raise MapsTrainError(f"distilled routes: via must be 'engine' or 'server', got '{via}'")
+    base_name = recipe.serve.base_model or recipe.train.student
+    template = recipe.route("default") if "default" in recipe.roles else RoleRoute()
+    paths = adapter_paths(recipe)
+    routes = {}
+    for role, adapter in _role_to_adapter(recipe).items():
+        adapter_ref = adapter if via == "server" else str(paths[adapter])
+        routes[role] = dataclasses.replace(
+            template,
+            backend="openai" if via == "server" else "vllm",
+            model=base or base_name,
+            adapter=adapter_ref,
+            enable_thinking=recipe.sft_data.enable_thinking,
+        )
+    return routes
+
+
+def with_distilled_routes(recipe: Recipe, via: str = "engine") -> Recipe:
+    """A copy of `recipe` whose roles are the distilled student's (the teacher's routes are replaced)."""
+    routes = distilled_routes(recipe, via=via)
+    routes["default"] = routes.get("consolidator") or next(iter(routes.values()))
+    return dataclasses.replace(recipe, roles=routes)

@@ -1,0 +1,80 @@
+"""Run a planned vLLM server: start it, wait until healthy, hand back the routing, stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from threading import Thread
+
+import httpx
+
+from maps_train.errors import MapsTrainError
+from maps_train.serve.plan import ServerPlan
+
+
+class VLLMServer:
+    """A `vllm serve` subprocess; a context manager that is healthy inside and stopped after."""
+
+    def __init__(self, plan: ServerPlan, log_path: str | Path | None = None, timeout_s: float = 600.0):
+        self.plan = plan
+        self.timeout_s = timeout_s
+        self.log_path = Path(log_path) if log_path else None
+        self.process: subprocess.Popen | None = None
+        self._tail: deque[str] = deque(maxlen=40)
+
+    def _pump(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        log = self.log_path.open("a") if self.log_path else None
+        for line in self.process.stdout:
+            self._tail.append(line.rstrip())
+            if log:
+                log.write(line)
+                log.flush()
+        if log:
+            log.close()
+
+    def start(self) -> "VLLMServer":
+        env = dict(os.environ)
+        self.process = subprocess.Popen(
+            self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True,
+        )
+        Thread(target=self._pump, daemon=True).start()
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self) -> None:
+        health = self.plan.url.removesuffix("/v1") + "/health"
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                last = next((line for line in reversed(self._tail) if line.strip()), "no output")
+                raise MapsTrainError(f"vllm serve exited with code {self.process.returncode}: {last}")
+            try:
+                if httpx.get(health, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise MapsTrainError(f"vllm serve did not become healthy at {health} within {self.timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
