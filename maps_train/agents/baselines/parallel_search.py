@@ -1,0 +1,150 @@
+"""ParallelSearch (Tree-Shu-Zhao/ParallelSearch, a Search-R1 fork; search_r1/llm_agent/generation.py): the model
+reasons in one assistant turn, and each search call may hold several sub-queries separated by `##`, all looked up
+in one batched retrieval request; the full history stays in context.
+
+Each step, over every active question:
+1. ONE backend call (role "reasoner") continues each question's turn, stopping at `</search>` or `</answer>`
+   (the dropped stop tag is put back).
+2. The first `<search>...</search>` or `<answer>...</answer>` in the new text is the action. An answer ends the
+   question. A search is split on `##`; the sub-queries of EVERY searching question go to ONE retriever call, and
+   each question gets `\\n\\n<information>...</information>\\n\\n` spliced back: its sub-queries' top-K lists one
+   after another ("Doc i(Title: t) text", numbered per sub-query, as the original concatenates them). Anything
+   else gets the invalid-action note spliced back.
+The original runs `max_turns` such steps and then one last generation whose searches are not executed; here that
+bound is `agent.max_searches` (the paper's "up to 10 searches"), so a question ends by "answered",
+"max_searches" (the last step searched again) or "no_answer" (the last step wrote neither). The answer is the
+last `<answer>` the model wrote (the option letter for multiple choice).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from maps_train.agents.baselines.answers import extract_answer_tag
+from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, search_r1_docs
+from maps_train.agents.engine import QuestionRun, RolePlan
+from maps_train.agents.evidence import format_question
+from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.registry import register_method
+from maps_train.questions import Question
+from maps_train.retrieval.base import Hit
+from maps_train.traces.schema import SubQueryHits, TraceRecord
+
+PROMPT = "baselines/parallel_search_reasoner"
+STOPS = ["</search>", "</answer>"]
+SUB_QUERY_SEPARATOR = "##"
+INVALID_ACTION = (
+    "\nMy last action was not valid. To search, I must put the query between <search> and </search> "
+    "(sub-queries separated by ##); to answer, I must put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_OPEN_TAG = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
+
+
+@dataclass
+class ParallelSearchRun(QuestionRun):
+    letters: list[str] | None = None
+    turn: Turn = field(default_factory=Turn)
+    steps: int = 0
+
+
+def close_open_tag(piece: str) -> str:
+    """Put back the stop tag the backend dropped: the text ends inside `<search>` or `<answer>`."""
+    opened = [m for m in _OPEN_TAG.finditer(piece)]
+    if not opened:
+        return piece
+    return piece + f"</{opened[-1].group(1)}>"
+
+
+def parse_action(text: str) -> Parsed:
+    """{"action": "search" | "answer" | None, "content", "sub_queries"} from the first action tag."""
+    match = _ACTION.search(close_open_tag(text))
+    if not match:
+        return Parsed({"action": None, "content": "", "sub_queries": []}, ok=False, error="no <search> or <answer> tag")
+    action, content = match.group(1), match.group(2).strip()
+    sub_queries = split_sub_queries(content) if action == "search" else []
+    if action == "search" and not sub_queries:
+        return Parsed({"action": None, "content": content, "sub_queries": []}, ok=False, error="empty search")
+    return Parsed({"action": action, "content": content, "sub_queries": sub_queries}, ok=True)
+
+
+def split_sub_queries(content: str) -> list[str]:
+    return [part.strip() for part in content.split(SUB_QUERY_SEPARATOR) if part.strip()]
+
+
+def information_block(hit_lists: list[list[Hit]], max_words: int) -> str:
+    body = "".join(search_r1_docs(hits, max_words) for hits in hit_lists)
+    return f"\n\n<information>{body.strip()}</information>\n\n"
+
+
+@register_method("parallel_search")
+class ParallelSearchEngine(BaselineEngine):
+    continuing_roles = ("reasoner",)
+
+    def prompt_names(self) -> list[str]:
+        return [PROMPT, "baselines/answer_tag_short", "baselines/answer_tag_choice"]
+
+    def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
+        runs = [ParallelSearchRun(question=q, letters=self.letters(q)) for q in questions]
+        prompts = {
+            id(run): self.prompts.render(
+                PROMPT, question=format_question(run.question), answer_format=self.answer_format("tag", run.letters)
+            )
+            for run in runs
+        }
+        active = list(runs)
+        while active:
+            searching = self._step(active, prompts)
+            self._search(searching)
+            active = [run for run in active if not run.stop_reason]
+        for run in runs:
+            answer, how = extract_answer_tag(run.turn.model_text, run.letters)
+            run.final_answer = answer
+            run.rounds[-1].extra["answer_format"] = how
+        return [run.to_trace(self.method, self.config_digest) for run in runs]
+
+    def _step(self, active: list[ParallelSearchRun], prompts) -> list[tuple[ParallelSearchRun, list[str]]]:
+        plans = [
+            RolePlan(
+                run=run, role="reasoner", messages=run.turn.messages(prompts[id(run)]), parse=parse_action, stop=STOPS
+            )
+            for run in active
+        ]
+        searching = []
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            run = plan.run
+            run.steps += 1
+            last_step = run.steps > self.agent.max_searches  # the original's final rollout: no search is run
+            round_ = run.start_round()
+            round_.calls.append(call)
+            run.turn.add_model(close_open_tag(model_piece(call)))
+            action = parsed.value["action"]
+            round_.extra["action"] = action or "invalid"
+            if action == "answer":
+                run.stop_reason = "answered"
+            elif last_step:
+                run.stop_reason = "max_searches" if action == "search" else "no_answer"
+            elif action == "search":
+                round_.sub_queries = list(parsed.value["sub_queries"])
+                searching.append((run, round_.sub_queries))
+            else:
+                round_.observation = INVALID_ACTION.strip()
+                run.turn.add_tool(INVALID_ACTION)
+        return searching
+
+    def _search(self, searching: list[tuple[ParallelSearchRun, list[str]]]) -> None:
+        """Every sub-query of every searching question in ONE retriever call."""
+        requests = [(run, query) for run, queries in searching for query in queries]
+        hit_lists = iter(self.search(requests, self.agent.top_k))
+        for run, queries in searching:
+            per_query = [next(hit_lists) for _ in queries]
+            round_ = run.current
+            round_.retrieved = [
+                SubQueryHits(query=q, passage_ids=[h.id for h in hits]) for q, hits in zip(queries, per_query)
+            ]
+            round_.evidence_ids = list(dict.fromkeys(h.id for hits in per_query for h in hits))
+            block = information_block(per_query, self.agent.max_passage_words)
+            round_.observation = block.strip()
+            run.turn.add_tool(block)

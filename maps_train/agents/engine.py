@@ -1,0 +1,210 @@
+"""What every method's engine shares: per-question bookkeeping, one batched backend call per role per step, one
+batched search per step, and turning a finished question into a `TraceRecord`.
+
+An engine advances a batch of questions together. Each step it builds one `RolePlan` per pending call (for all
+active questions), sends them with ONE `backend.generate`, and parses every completion with the plan's parser,
+which always yields a usable value (counted as a parse failure when it took a fallback). Baselines subclass
+`Engine`, register with `maps_train.agents.registry.register_method`, and reuse these helpers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from maps_train.agents.cost import CostLedger
+from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.prompting import PromptLibrary
+from maps_train.config import to_dict
+from maps_train.errors import MapsTrainError
+from maps_train.llm.types import Backend, ChatRequest, Completion
+from maps_train.questions import Question
+from maps_train.recipe import Recipe
+from maps_train.retrieval.base import Hit, Retriever
+from maps_train.traces.schema import CallUsage, RoleCall, RoundRecord, TraceRecord
+
+
+@dataclass
+class QuestionRun:
+    """One question's progress: rounds so far, cost, parse failures, and (once done) the answer."""
+
+    question: Question
+    ledger: CostLedger = field(default_factory=CostLedger)
+    rounds: list[RoundRecord] = field(default_factory=list)
+    parse_failures: Counter = field(default_factory=Counter)
+    final_call: RoleCall | None = None
+    final_answer: str = ""
+    stop_reason: str = ""
+
+    @property
+    def current(self) -> RoundRecord:
+        return self.rounds[-1]
+
+    def start_round(self) -> RoundRecord:
+        self.rounds.append(RoundRecord(index=len(self.rounds) + 1))
+        return self.rounds[-1]
+
+    def to_trace(self, method: str, config_digest: str) -> TraceRecord:
+        return TraceRecord(
+            question_id=self.question.id,
+            question=self.question.question,
+            dataset=self.question.dataset,
+            method=method,
+            config_digest=config_digest,
+            rounds=self.rounds,
+            stop_reason=self.stop_reason,
+            final_call=self.final_call,
+            final_answer=self.final_answer,
+            golden_answers=list(self.question.golden_answers),
+            options=list(self.question.options) if self.question.options else None,
+            parse_failures=dict(self.parse_failures),
+            cost=self.ledger.to_dict(),
+        )
+
+
+@dataclass
+class RolePlan:
+    """One pending model call: who asks, the rendered messages, how to parse the reply."""
+
+    run: QuestionRun
+    role: str
+    messages: list[dict[str, str]]
+    parse: Callable[[str], Parsed]  # must never raise; returns the fallback value on bad text
+    json_schema: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+
+
+def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
+    """A short hash of everything that changes a method's outputs (not batch sizes, URLs or concurrency)."""
+    agent = to_dict(recipe.agent)
+    agent.pop("batch_size", None)
+    agent.pop("prompts_dir", None)  # the prompt texts themselves are hashed instead
+    retrieval = to_dict(recipe.retrieval)
+    relevant = {
+        "agent": agent,
+        "roles": to_dict(recipe.roles),
+        "retrieval": {k: retrieval[k] for k in ("corpus", "kind", "encoder", "index_type", "nprobe")},
+        "backend": {k: getattr(recipe.backend, k) for k in ("dtype", "max_model_len", "truncate_prompt")},
+        "prompts": prompt_digests,
+    }
+    blob = json.dumps(relevant, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def usage_of(completion: Completion) -> CallUsage:
+    return CallUsage(
+        prompt_tokens=int(completion.prompt_tokens or 0),
+        completion_tokens=int(completion.completion_tokens or 0),
+        latency_s=round(float(completion.latency_s or 0.0), 4),
+        model=completion.model or "",
+        adapter=completion.adapter,
+        finish_reason=completion.finish_reason,
+        constrained=bool(getattr(completion, "constrained", False)),
+    )
+
+
+class Engine:
+    """Base of every method: subclasses implement `run_batch` and name the prompts they use."""
+
+    method: ClassVar[str] = ""
+
+    def __init__(self, recipe: Recipe, backend: Backend, retriever: Retriever, prompts: PromptLibrary | None = None):
+        self.recipe = recipe
+        self.agent = recipe.agent
+        self.backend = backend
+        self.retriever = retriever
+        self.prompts = prompts or PromptLibrary(recipe.agent.prompts_dir)
+        # Step counters, for tests and benchmarks: how many batched calls the engine made.
+        self.generate_calls = 0
+        self.search_calls = 0
+
+    # -- what a method defines -------------------------------------------------------------------------------
+    def prompt_names(self) -> list[str]:
+        """The prompt files this configuration uses (hashed into the config digest)."""
+        return []
+
+    def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
+        raise NotImplementedError
+
+    # -- shared machinery ------------------------------------------------------------------------------------
+    @property
+    def config_digest(self) -> str:
+        if not hasattr(self, "_digest"):
+            digests = {name: self.prompts.get(name).digest for name in self.prompt_names()}
+            self._digest = config_digest(self.recipe, digests)
+        return self._digest
+
+    def call_roles(self, plans: list[RolePlan]) -> list[tuple[RoleCall, Parsed]]:
+        """All `plans` in ONE backend call; each reply recorded on its question (trace call, cost, failures)."""
+        if not plans:
+            return []
+        requests = [
+            ChatRequest(
+                role=plan.role,
+                messages=plan.messages,
+                json_schema=plan.json_schema,
+                question_id=plan.run.question.id,
+                max_tokens=plan.max_tokens,
+                stop=plan.stop,
+            )
+            for plan in plans
+        ]
+        self.generate_calls += 1
+        completions = self.backend.generate(requests)
+        if len(completions) != len(requests):
+            raise MapsTrainError(f"backend returned {len(completions)} completions for {len(requests)} requests")
+        results = []
+        longest: dict[tuple[int, str], tuple[QuestionRun, float]] = {}
+        for plan, completion in zip(plans, completions):
+            key = (id(plan.run), plan.role)
+            latency = float(completion.latency_s or 0.0)
+            if key not in longest or latency > longest[key][1]:
+                longest[key] = (plan.run, latency)
+            text = completion.text or ""
+            parsed = plan.parse(text)
+            call = RoleCall(
+                role=plan.role,
+                messages=plan.messages,
+                raw_text=text,
+                parsed=parsed.value,
+                parse_ok=parsed.ok,
+                usage=usage_of(completion),
+                reasoning=completion.reasoning,
+                parse_error=parsed.error,
+            )
+            plan.run.ledger.add_completion(plan.role, completion)
+            if not parsed.ok:
+                plan.run.parse_failures[plan.role] += 1
+            results.append((call, parsed))
+        for (_, role), (run, latency) in longest.items():
+            run.ledger.add_latency(role, latency)
+        return results
+
+    def search(self, requests: list[tuple[QuestionRun, str]], k: int) -> list[list[Hit]]:
+        """All sub-queries of a step (of every question) in ONE retriever call; cost booked per question.
+
+        Identical query strings are searched once and share the result.
+        """
+        if not requests:
+            return []
+        unique = list(dict.fromkeys(query for _, query in requests))
+        self.search_calls += 1
+        start = time.perf_counter()
+        results = self.retriever.search(unique, k)
+        elapsed = time.perf_counter() - start
+        if len(results) != len(unique):
+            raise MapsTrainError(f"retriever returned {len(results)} result lists for {len(unique)} queries")
+        by_query = dict(zip(unique, results))
+        share = elapsed / len(requests)
+        hit_lists = []
+        for run, query in requests:
+            hits = list(by_query[query])[:k]
+            run.ledger.add_search(1, len(hits), share)
+            hit_lists.append(hits)
+        return hit_lists

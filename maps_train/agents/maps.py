@@ -1,0 +1,244 @@
+"""The MAPS engine: proposer -> writer (one sub-query per direction) -> one batched search -> consolidator,
+round after round, over a batch of questions; then one batched answer call.
+
+Round t of a question sees only the question, the observations o_1..o_{t-1} and the compressed reasoning state;
+past sub-queries never reach a prompt. Ablations are switches of this same engine:
+- `agent.use_directions=false`: no proposer; the writer writes the N sub-queries directly in one call;
+- `agent.num_directions=1`: no parallelism;
+- `agent.decoupled=false`: every role also sees the full trajectory (past directions, sub-queries, retrieved
+  passages, observations and states), through the `*_coupled` prompt files.
+
+Each step makes ONE backend call per role for all active questions (the writer's covers N calls per question) and
+ONE retriever call for all their sub-queries; a question leaves the batch when its consolidator says the knowledge
+suffices or at `agent.max_rounds`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from maps_train.agents.engine import Engine, QuestionRun, RolePlan
+from maps_train.agents.evidence import (
+    first_sentences,
+    format_observations,
+    format_passages,
+    format_question,
+    format_state,
+    merge_hits,
+)
+from maps_train.agents.outputs import (
+    answer_schema,
+    consolidation_schema,
+    directions_schema,
+    option_letters,
+    parse_answer,
+    parse_consolidation,
+    parse_directions,
+    parse_queries,
+    parse_query,
+    queries_schema,
+    query_schema,
+)
+from maps_train.agents.registry import register_method
+from maps_train.errors import MapsTrainError
+from maps_train.questions import Question
+from maps_train.retrieval.base import Hit
+from maps_train.traces.schema import RoundRecord, SubQueryHits, TraceRecord
+
+NO_EARLIER_ROUNDS = "(no earlier rounds)"
+
+
+@dataclass
+class MapsRun(QuestionRun):
+    observations: list[str] = field(default_factory=list)  # o_1..o_t
+    state: str = ""  # the compressed reasoning state after the last round
+    letters: list[str] | None = None  # option letters in multiple-choice mode
+    evidence: list[Hit] = field(default_factory=list)  # this round's merged passages
+    history: list[tuple[RoundRecord, list[Hit]]] = field(default_factory=list)  # for the no-decoupling ablation
+
+
+def resolve_letters(question: Question, answer_mode: str) -> list[str] | None:
+    """Option letters when the question is answered by choice, else None (short answer)."""
+    if answer_mode == "choice" or (answer_mode == "auto" and question.options):
+        if not question.options:
+            raise MapsTrainError(f"agent.answer_mode=choice: question '{question.id}' has no options")
+        return option_letters(len(question.options))
+    return None
+
+
+def format_trajectory(history: list[tuple[RoundRecord, list[Hit]]], max_words: int) -> str:
+    """Earlier rounds in full, for the no-decoupling ablation."""
+    if not history:
+        return NO_EARLIER_ROUNDS
+    blocks = []
+    for round_, hits in history:
+        lines = [f"Round {round_.index}"]
+        if round_.directions:
+            lines.append("Directions:")
+            lines.extend(f"- {d}" for d in round_.directions)
+        lines.append("Search queries:")
+        lines.extend(f"- {q}" for q in round_.sub_queries)
+        lines.append("Retrieved passages:")
+        lines.append(format_passages(hits, max_words))
+        lines.append(f"Observation: {round_.observation or ''}")
+        lines.append(f"Reasoning state after this round: {format_state(round_.state or '')}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+@register_method("maps")
+class MapsEngine(Engine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("num_directions", "max_rounds", "top_k"):
+            if getattr(self.agent, name) < 1:
+                raise MapsTrainError(f"agent.{name}: must be at least 1, got {getattr(self.agent, name)}")
+
+    # -- prompts ---------------------------------------------------------------------------------------------
+    def _prompt(self, role_file: str) -> str:
+        return f"maps/{role_file}" + ("" if self.agent.decoupled else "_coupled")
+
+    def prompt_names(self) -> list[str]:
+        writers = ["proposer", "writer"] if self.agent.use_directions else ["writer_direct"]
+        return [self._prompt(name) for name in writers + ["consolidator", "answer_short", "answer_choice"]]
+
+    def _context(self, run: MapsRun) -> dict[str, str]:
+        """The inputs every role gets: question, observations, state (plus the trajectory when coupled)."""
+        context = {
+            "question": format_question(run.question),
+            "observations": format_observations(run.observations),
+            "state": format_state(run.state),
+        }
+        if not self.agent.decoupled:
+            context["trajectory"] = format_trajectory(run.history, self.agent.max_passage_words)
+        return context
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
+        runs = [MapsRun(question=q, letters=resolve_letters(q, self.agent.answer_mode)) for q in questions]
+        active = list(runs)
+        while active:
+            for run in active:
+                run.start_round()
+            self._write_sub_queries(active)
+            self._retrieve(active)
+            self._consolidate(active)
+            active = [run for run in active if not self._stopped(run)]
+        self._answer(runs)
+        return [run.to_trace(self.method, self.config_digest) for run in runs]
+
+    def _stopped(self, run: MapsRun) -> bool:
+        if run.current.sufficient:
+            run.stop_reason = "sufficient"
+        elif len(run.rounds) >= self.agent.max_rounds:
+            run.stop_reason = "max_rounds"
+        return bool(run.stop_reason)
+
+    def _write_sub_queries(self, active: list[MapsRun]) -> None:
+        n = self.agent.num_directions
+        if not self.agent.use_directions:
+            plans = [
+                RolePlan(
+                    run=run,
+                    role="writer",
+                    messages=self.prompts.render(self._prompt("writer_direct"), num_queries=n, **self._context(run)),
+                    parse=partial(parse_queries, n=n, question=run.question.question),
+                    json_schema=queries_schema(n),
+                )
+                for run in active
+            ]
+            for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+                plan.run.current.calls.append(call)
+                plan.run.current.sub_queries = list(parsed.value["queries"])
+            return
+
+        plans = [
+            RolePlan(
+                run=run,
+                role="proposer",
+                messages=self.prompts.render(self._prompt("proposer"), num_directions=n, **self._context(run)),
+                parse=partial(parse_directions, n=n, question=run.question.question),
+                json_schema=directions_schema(n),
+            )
+            for run in active
+        ]
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            plan.run.current.calls.append(call)
+            plan.run.current.directions = list(parsed.value["directions"])
+
+        plans = [
+            RolePlan(
+                run=run,
+                role="writer",
+                messages=self.prompts.render(self._prompt("writer"), direction=direction, **self._context(run)),
+                parse=partial(parse_query, direction=direction),
+                json_schema=query_schema(),
+            )
+            for run in active
+            for direction in run.current.directions
+        ]
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            plan.run.current.calls.append(call)
+            plan.run.current.sub_queries.append(parsed.value["query"])
+
+    def _retrieve(self, active: list[MapsRun]) -> None:
+        requests = [(run, query) for run in active for query in run.current.sub_queries]
+        hit_lists = self.search(requests, self.agent.top_k)
+        per_run: dict[int, list[list[Hit]]] = {}
+        for (run, query), hits in zip(requests, hit_lists):
+            run.current.retrieved.append(SubQueryHits(query=query, passage_ids=[hit.id for hit in hits]))
+            per_run.setdefault(id(run), []).append(hits)
+        for run in active:
+            run.evidence = merge_hits(per_run.get(id(run), []))
+            run.current.evidence_ids = [hit.id for hit in run.evidence]
+
+    def _consolidate(self, active: list[MapsRun]) -> None:
+        plans = [
+            RolePlan(
+                run=run,
+                role="consolidator",
+                messages=self.prompts.render(
+                    self._prompt("consolidator"),
+                    evidence=format_passages(run.evidence, self.agent.max_passage_words),
+                    **self._context(run),
+                ),
+                parse=partial(
+                    parse_consolidation, previous_state=run.state, fallback_observation=first_sentences(run.evidence)
+                ),
+                json_schema=consolidation_schema(),
+            )
+            for run in active
+        ]
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            run = plan.run
+            run.current.calls.append(call)
+            run.observations.append(parsed.value["observation"])
+            run.state = parsed.value["state"]
+            run.current.observation = parsed.value["observation"]
+            run.current.state = run.state
+            run.current.sufficient = bool(parsed.value["sufficient"])
+            if not self.agent.decoupled:
+                run.history.append((run.current, run.evidence))
+
+    def _answer(self, runs: list[MapsRun]) -> None:
+        plans = []
+        for run in runs:
+            if run.letters:
+                messages = self.prompts.render(
+                    self._prompt("answer_choice"), letters=", ".join(run.letters), **self._context(run)
+                )
+            else:
+                messages = self.prompts.render(self._prompt("answer_short"), **self._context(run))
+            plans.append(
+                RolePlan(
+                    run=run,
+                    role="answer",
+                    messages=messages,
+                    parse=partial(parse_answer, letters=run.letters),
+                    json_schema=answer_schema(run.letters),
+                )
+            )
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            plan.run.final_call = call
+            plan.run.final_answer = parsed.value["answer"]

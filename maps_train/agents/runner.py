@@ -1,0 +1,131 @@
+"""`run_method`: a recipe's method over a list of questions, into `answers.jsonl` and `traces.jsonl`, resumable.
+
+Questions go through the engine in chunks of `agent.batch_size`. Each finished question appends its trace, then
+its answer record (both flushed); the answer file is the record of what is done. On a rerun, questions already
+in `answers.jsonl` are skipped, a torn last line is cut off, and traces without an answer line (a kill between
+the two appends) are dropped before the question is run again, so neither file ever holds a question twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from maps_train.agents.engine import Engine
+from maps_train.agents.registry import engine_class
+from maps_train.errors import MapsTrainError
+from maps_train.llm.types import Backend
+from maps_train.questions import Question
+from maps_train.recipe import Recipe
+from maps_train.retrieval.base import Retriever
+from maps_train.traces.schema import TraceRecord
+from maps_train.traces.writer import KeyedJsonl
+
+ANSWERS_FILE = "answers.jsonl"
+TRACES_FILE = "traces.jsonl"
+
+
+def answer_record(trace: TraceRecord) -> dict[str, Any]:
+    """The line of answers.jsonl for one question (what evaluation reads)."""
+    return {
+        "question_id": trace.question_id,
+        "answer": trace.final_answer,
+        "method": trace.method,
+        "dataset": trace.dataset,
+        "rounds": trace.num_rounds,
+        "stop_reason": trace.stop_reason,
+        "cost": trace.cost,
+        "parse_failures": trace.parse_failures,
+        "config_digest": trace.config_digest,
+    }
+
+
+def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retriever | None = None) -> Engine:
+    """The engine of `recipe.agent.method`, with the recipe's router and retriever unless given."""
+    cls = engine_class(recipe.agent.method)
+    if backend is None:
+        from maps_train.llm.router import build_router
+
+        backend = build_router(recipe)
+    if retriever is None:
+        retriever = _build_retriever(recipe)
+    return cls(recipe, backend, retriever)
+
+
+def _build_retriever(recipe: Recipe) -> Retriever:
+    from maps_train import retrieval
+
+    build = getattr(retrieval, "build_retriever", None)
+    if build is None:
+        from maps_train.retrieval.factory import build_retriever as build
+    return build(recipe.retrieval)
+
+
+def _check_unique(questions: list[Question]) -> None:
+    seen: set[str] = set()
+    for question in questions:
+        if question.id in seen:
+            raise MapsTrainError(f"question id '{question.id}' appears twice in the input; ids must be unique")
+        seen.add(question.id)
+
+
+def run_method(
+    recipe: Recipe,
+    questions: list[Question],
+    out_dir: str | Path,
+    *,
+    backend: Backend | None = None,
+    retriever: Retriever | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Answer `questions` with `recipe.agent.method`; returns their answer records (earlier runs' included), in
+    input order. Writes `<out_dir>/answers.jsonl` and `<out_dir>/traces.jsonl`."""
+    from tqdm.auto import tqdm
+
+    _check_unique(questions)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    answers = KeyedJsonl(out / ANSWERS_FILE)
+    traces = KeyedJsonl(out / TRACES_FILE)
+    done = answers.load()
+    traces.keep_only(set(done))
+
+    todo = [q for q in questions if q.id not in done]
+    built_backend = backend is None
+    engine = None
+    if todo:
+        engine = build_engine(recipe, backend, retriever)
+        _check_same_config(out / ANSWERS_FILE, done, engine.config_digest, recipe.agent.method)
+    bar = tqdm(
+        total=len(questions),
+        initial=len(questions) - len(todo),
+        desc=f"{recipe.agent.method} questions",
+        unit="q",
+        disable=not progress,
+    )
+    batch_size = max(1, recipe.agent.batch_size)
+    try:
+        with answers, traces:
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start : start + batch_size]
+                for trace in engine.run_batch(chunk):
+                    traces.append(trace.to_dict())
+                    record = answer_record(trace)
+                    answers.append(record)
+                    done[trace.question_id] = record
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+        if built_backend and engine is not None and hasattr(engine.backend, "close"):
+            engine.backend.close()
+    return [done[q.id] for q in questions]
+
+
+def _check_same_config(path: Path, done: dict[str, dict[str, Any]], digest: str, method: str) -> None:
+    """Refuse to mix two configurations in one output folder (their answers would not be comparable)."""
+    for record in done.values():
+        if record.get("method") != method or record.get("config_digest", digest) != digest:
+            raise MapsTrainError(
+                f"{path}: holds answers of another configuration (method {record.get('method')}, digest "
+                f"{record.get('config_digest')}; now {method}, {digest}); use another --out folder"
+            )

@@ -1,0 +1,171 @@
+"""run_method's files: answers and traces, resume after a kill without duplicates, chunking, trace reading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
+
+from maps_train.agents import available_methods, engine_class, run_method
+from maps_train.errors import MapsTrainError
+from maps_train.questions import Question
+from maps_train.recipe import load_recipe
+from maps_train.traces import TRACE_SCHEMA_VERSION, TraceFormatError, TraceRecord, iter_traces
+
+
+def recipe(*overrides):
+    return load_recipe(None, ["agent.max_rounds=3", "agent.num_directions=2", "agent.batch_size=4", *overrides])
+
+
+def questions(n):
+    return [
+        Question(id=f"q{i}", question=f"question number {i}?", golden_answers=[f"a{i}"], dataset="toy")
+        for i in range(n)
+    ]
+
+
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(out, n, *overrides, backend=None):
+    backend = backend or ScriptedBackend({"consolidator": consolidator_sufficient_after(2)})
+    records = run_method(
+        recipe(*overrides), questions(n), out, backend=backend, retriever=RecordingRetriever(), progress=False
+    )
+    return records, backend
+
+
+def test_writes_answers_and_traces(tmp_path):
+    records, _ = run(tmp_path, 3)
+    answers = read_lines(tmp_path / "answers.jsonl")
+    assert answers == records
+    first = answers[0]
+    assert first["question_id"] == "q0" and first["answer"] == "answer of q0" and first["method"] == "maps"
+    assert first["rounds"] == 2 and first["stop_reason"] == "sufficient" and first["parse_failures"] == {}
+    cost = first["cost"]
+    assert cost["calls"] == 2 * (1 + 2 + 1) + 1 and cost["retrievals"] == 4 and cost["passages"] == 20
+    assert set(cost["by_role"]) == {"proposer", "writer", "consolidator", "answer"}
+    assert cost["prompt_tokens"] == sum(r["prompt_tokens"] for r in cost["by_role"].values()) > 0
+    assert cost["latency_s"] > 0
+    traces = [t for _, t in iter_traces(tmp_path / "traces.jsonl")]
+    assert [t.question_id for t in traces] == ["q0", "q1", "q2"]
+    assert traces[0].golden_answers == ["a0"] and traces[0].config_digest == first["config_digest"]
+    assert traces[0].cost == cost
+
+
+def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_path):
+    run(tmp_path, 3)
+    answers_path = tmp_path / "answers.jsonl"
+    text = answers_path.read_text()
+    answers_path.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:25])
+    records, backend = run(tmp_path, 5)
+    # Only the torn question and the two new ones were run again.
+    assert sorted({r.question_id for r in backend.requests("answer")}) == ["q2", "q3", "q4"]
+    assert [r["question_id"] for r in records] == ["q0", "q1", "q2", "q3", "q4"]
+    answers = read_lines(answers_path)
+    assert sorted(a["question_id"] for a in answers) == ["q0", "q1", "q2", "q3", "q4"]
+    trace_ids = [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")]
+    assert sorted(trace_ids) == ["q0", "q1", "q2", "q3", "q4"]
+
+
+def test_a_trace_without_its_answer_line_is_replaced_not_duplicated(tmp_path):
+    run(tmp_path, 2)
+    answers_path = tmp_path / "answers.jsonl"
+    answers_path.write_text(answers_path.read_text().splitlines(keepends=True)[0])  # killed after q1's trace
+    records, backend = run(tmp_path, 2)
+    assert [r.question_id for r in backend.requests("answer")] == ["q1"]
+    assert [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")] == ["q0", "q1"]
+    assert len(records) == 2
+
+
+def test_a_complete_last_line_without_newline_is_kept(tmp_path):
+    run(tmp_path, 2)
+    answers_path = tmp_path / "answers.jsonl"
+    answers_path.write_text(answers_path.read_text().rstrip("\n"))
+    _, backend = run(tmp_path, 3)
+    assert [r.question_id for r in backend.requests("answer")] == ["q2"]
+    assert len(read_lines(answers_path)) == 3
+
+
+def test_everything_done_runs_nothing(tmp_path):
+    run(tmp_path, 2)
+    records, backend = run(tmp_path, 2)
+    assert backend.batches == [] and len(records) == 2
+
+
+def test_a_damaged_middle_line_is_reported_with_file_and_line(tmp_path):
+    run(tmp_path, 3)
+    answers_path = tmp_path / "answers.jsonl"
+    lines = answers_path.read_text().splitlines(keepends=True)
+    answers_path.write_text(lines[0] + "{broken\n" + "".join(lines[1:]))
+    with pytest.raises(MapsTrainError, match=r"answers.jsonl:2: invalid JSON"):
+        run(tmp_path, 3)
+
+
+def test_another_configuration_in_the_same_folder_is_refused(tmp_path):
+    run(tmp_path, 2)
+    with pytest.raises(MapsTrainError, match="another configuration"):
+        run(tmp_path, 3, "agent.num_directions=3")
+    run(tmp_path, 3, "agent.batch_size=1")  # batch size does not change results: resuming is fine
+
+
+def test_questions_are_processed_in_chunks_of_batch_size(tmp_path):
+    _, backend = run(tmp_path, 5, "agent.batch_size=2", "agent.max_rounds=1")
+    assert [len(b) for b in backend.batches if b[0].role == "proposer"] == [2, 2, 1]
+    assert [len(b) for b in backend.batches if b[0].role == "answer"] == [2, 2, 1]
+
+
+def test_duplicate_question_ids_are_refused(tmp_path):
+    with pytest.raises(MapsTrainError, match="appears twice"):
+        run_method(recipe(), questions(2) * 2, tmp_path, backend=ScriptedBackend(), retriever=RecordingRetriever())
+
+
+def test_unknown_method_names_the_field():
+    assert "maps" in available_methods()
+    with pytest.raises(MapsTrainError, match="agent.method: no engine for 'nope'"):
+        engine_class("nope")
+
+
+def test_iter_traces_reports_bad_lines_with_file_line_and_field(tmp_path):
+    run(tmp_path, 2)
+    path = tmp_path / "traces.jsonl"
+    good = json.loads(path.read_text().splitlines()[0])
+    old = {**good, "schema_version": 0}
+    no_rounds = {k: v for k, v in good.items() if k != "rounds"}
+    bad_call = json.loads(json.dumps(good))
+    del bad_call["rounds"][1]["calls"][2]["raw_text"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(x) for x in [good, old, no_rounds, bad_call]) + "\n{torn")
+    results = list(iter_traces(bad))
+    assert [n for n, _ in results] == [1, 2, 3, 4, 5]
+    assert isinstance(results[0][1], TraceRecord)
+    messages = [str(r) for _, r in results[1:]]
+    assert all(isinstance(r, TraceFormatError) for _, r in results[1:])
+    assert (
+        messages[0]
+        == f"{bad}:2: schema_version: 0 is not supported (this maps-train reads version {TRACE_SCHEMA_VERSION})"
+    )
+    assert messages[1] == f"{bad}:3: rounds: required field is missing"
+    assert messages[2] == f"{bad}:4: rounds[1].calls[2].raw_text: required field is missing"
+    assert messages[3].startswith(f"{bad}:5: invalid JSON")
+
+
+def test_without_a_backend_or_retriever_the_recipe_builds_them_and_the_router_is_closed(monkeypatch, tmp_path):
+    import maps_train.llm.router as router_module
+    import maps_train.retrieval as retrieval_package
+    import maps_train.retrieval.factory as factory_module
+
+    class ClosableBackend(ScriptedBackend):
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    backend, retriever = ClosableBackend(), RecordingRetriever()
+    monkeypatch.setattr(router_module, "build_router", lambda config: backend)
+    monkeypatch.setattr(factory_module, "build_retriever", lambda cfg: retriever)
+    monkeypatch.setattr(retrieval_package, "build_retriever", lambda cfg: retriever, raising=False)
+    run_method(recipe(), questions(1), tmp_path, progress=False)
+    assert backend.closed and backend.batches and retriever.calls
