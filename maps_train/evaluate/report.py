@@ -1,0 +1,240 @@
+"""Report files of a suite: Markdown, CSV and JSON tables and the PNG plots, rebuilt from results.jsonl.
+
+Layout of `OUT_DIR`:
+    results.jsonl           per-question results (the source of truth; everything below is derived)
+    suite.yaml              the resolved suite (order and labels of systems and data sets)
+    report.md               Table 3.1 layout (rows systems, columns data sets + Avg, Cover-EM x 100), then EM,
+                            F1, answer length, cost per question, cost per role, stop rounds
+    table_cover_em.csv      the Cover-EM table as in the paper
+    summary.csv             one row per (system, data set or Avg): every metric and cost column
+    summary.json            the same, nested
+    cover_em_vs_cost.png    Cover-EM against cost per data set and on average, Pareto front marked
+    stop_rounds.png         distribution of the round each question stopped at, per system
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from maps_train.errors import MapsTrainError
+from maps_train.evaluate.cost import COST_KEYS, ROLE_KEYS
+from maps_train.evaluate.results import ResultsFile
+from maps_train.evaluate.summary import AVG, SCORE_KEYS, summarize
+
+RESULTS = "results.jsonl"
+SUITE_MANIFEST = "suite.yaml"
+
+
+@dataclass
+class ReportFiles:
+    markdown: Path
+    cover_em_csv: Path
+    summary_csv: Path
+    summary_json: Path
+    cost_plot: Path
+    rounds_plot: Path
+
+    def all(self) -> list[Path]:
+        return [self.markdown, self.cover_em_csv, self.summary_csv, self.summary_json, self.cost_plot, self.rounds_plot]
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _fmt_significant(value: float | None) -> str:
+    """Three significant figures: compute spans 1e-4 TFLOPs (a tiny model) to 1e3 (a 32B model, long prompts)."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _metric_table(summary: dict[str, Any], key: str, scale: float, digits: int, higher_is_better: bool = True) -> list[str]:
+    columns = summary["datasets"] + [AVG]
+    header = ["System"] + [summary["labels"].get(d, d) for d in summary["datasets"]] + [AVG]
+    best = {}
+    for column in columns:
+        values = [summary["cells"][s][column][key] for s in summary["systems"] if column in summary["cells"][s]]
+        if values and higher_is_better and len(set(values)) > 1:  # bold the best, unless all are equal
+            best[column] = max(values)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * len(columns)]
+    for system in summary["systems"]:
+        row = [system]
+        for column in columns:
+            cell = summary["cells"][system].get(column)
+            if cell is None:
+                row.append("-")
+                continue
+            text = _fmt(cell[key] * scale, digits)
+            if column == AVG and cell.get("datasets", 0) < len(summary["datasets"]):
+                text += "*"  # averaged over fewer data sets than the other columns show
+            row.append(f"**{text}**" if cell[key] == best.get(column) else text)
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _cost_table(summary: dict[str, Any]) -> list[str]:
+    lines = [
+        "| System | Calls | Prompt tokens | Completion tokens | Retrievals | Passages | Latency (s) | TFLOPs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for system in summary["systems"]:
+        c = summary["cells"][system][AVG]
+        lines.append(
+            f"| {system} | {_fmt(c['calls'])} | {_fmt(c['prompt_tokens'], 0)} | {_fmt(c['completion_tokens'], 0)} | "
+            f"{_fmt(c['retrievals'])} | {_fmt(c['passages'])} | {_fmt(c['latency_s'], 2)} | {_fmt_significant(c['compute_tflops'])} |"
+        )
+    return lines
+
+
+def _role_table(summary: dict[str, Any]) -> list[str]:
+    lines = ["| System | Role | Calls | Prompt tokens | Completion tokens |", "|---|---|---:|---:|---:|"]
+    for system in summary["systems"]:
+        for role, usage in summary["cells"][system][AVG]["by_role"].items():
+            lines.append(
+                f"| {system} | {role} | {_fmt(usage['calls'])} | {_fmt(usage['prompt_tokens'], 0)} | "
+                f"{_fmt(usage['completion_tokens'], 0)} |"
+            )
+    return lines
+
+
+def _rounds_table(summary: dict[str, Any]) -> list[str]:
+    rounds = sorted({int(r) for s in summary["systems"] for r in summary["cells"][s][AVG]["rounds"]})
+    lines = ["| System | " + " | ".join(f"round {r}" for r in rounds) + " | stop reasons |", "|---|" + "---:|" * len(rounds) + "---|"]
+    for system in summary["systems"]:
+        cell = summary["cells"][system][AVG]
+        total = sum(cell["rounds"].values()) or 1
+        shares = [f"{100 * cell['rounds'].get(str(r), 0) / total:.0f}%" for r in rounds]
+        reasons = ", ".join(f"{k} {v}" for k, v in cell["stop_reasons"].items())
+        lines.append(f"| {system} | " + " | ".join(shares) + f" | {reasons} |")
+    return lines
+
+
+def write_markdown(summary: dict[str, Any], path: Path) -> None:
+    n = {d: max((summary["cells"][s].get(d, {}).get("n", 0) for s in summary["systems"]), default=0) for d in summary["datasets"]}
+    sizes = ", ".join(f"{summary['labels'][d]} {n[d]}" for d in summary["datasets"])
+    parts = [
+        f"# Evaluation: {summary['suite'] or path.parent.name}",
+        "",
+        (
+            f"Questions per data set: {sizes}. Avg is the mean over the data sets a system ran on (* where that is "
+            "not all of them). GPQA scores are letter accuracy. Costs are means per question."
+        ),
+        "",
+        "## Cover-EM x 100",
+        "",
+        *_metric_table(summary, "cover_em", 100, 1),
+        "",
+        "## EM x 100",
+        "",
+        *_metric_table(summary, "em", 100, 1),
+        "",
+        "## Token F1 x 100",
+        "",
+        *_metric_table(summary, "f1", 100, 1),
+        "",
+        "## Answer length (words)",
+        "",
+        *_metric_table(summary, "answer_words", 1, 1, higher_is_better=False),
+        "",
+        "## Cost per question (mean over data sets)",
+        "",
+        "TFLOPs: estimated forward compute, 2 x parameters x (prompt + completion tokens), summed over roles.",
+        "",
+        *_cost_table(summary),
+        "",
+        "## Cost per role (mean per question)",
+        "",
+        *_role_table(summary),
+        "",
+        "## Stop rounds (share of questions)",
+        "",
+        *_rounds_table(summary),
+        "",
+    ]
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
+def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    roles = sorted({role for s in summary["systems"] for c in summary["cells"][s].values() for role in c["by_role"]})
+    columns = ["system", "dataset", "n", *SCORE_KEYS, *COST_KEYS, "compute_tflops"]
+    columns += [f"{role}_{key}" for role in roles for key in ROLE_KEYS]
+    rows = []
+    for system in summary["systems"]:
+        for dataset, cell in summary["cells"][system].items():
+            row = {"system": system, "dataset": dataset, **{k: cell.get(k) for k in columns[2:] if k in cell}}
+            for role in roles:
+                for key in ROLE_KEYS:
+                    row[f"{role}_{key}"] = cell["by_role"].get(role, {}).get(key, 0.0)
+            rows.append(row)
+    return columns, rows
+
+
+def write_csvs(summary: dict[str, Any], cover_em_path: Path, summary_path: Path) -> None:
+    with cover_em_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["system"] + [summary["labels"][d] for d in summary["datasets"]] + [AVG])
+        for system in summary["systems"]:
+            cells = summary["cells"][system]
+            writer.writerow(
+                [system] + [f"{100 * cells[d]['cover_em']:.1f}" if d in cells else "" for d in summary["datasets"] + [AVG]]
+            )
+    columns, rows = summary_rows(summary)
+    with summary_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / SUITE_MANIFEST
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
+    """Rebuild every table and plot of `out_dir` from its results.jsonl (and suite.yaml for order and labels)."""
+    from maps_train.evaluate.plots import plot_cover_em_vs_cost, plot_stop_rounds
+
+    out_dir = Path(out_dir)
+    rows = ResultsFile(out_dir / RESULTS).read()
+    if not rows:
+        raise MapsTrainError(f"{out_dir / RESULTS}: no results to report (run `maps-train eval SUITE.yaml` first)")
+    manifest = read_manifest(out_dir)
+    from maps_train.evaluate.datasets import dataset_info
+
+    datasets = [d["name"] for d in manifest.get("datasets", [])]
+    labels = {}
+    for spec in manifest.get("datasets", []):
+        info = dataset_info(spec["name"])
+        labels[spec["name"]] = spec.get("label") or (info.label if info else spec["name"])
+    for row in rows:
+        if row["dataset"] not in labels:
+            info = dataset_info(row["dataset"])
+            labels[row["dataset"]] = info.label if info else row["dataset"]
+    summary = summarize(
+        rows,
+        systems=[s["name"] for s in manifest.get("systems", [])],
+        datasets=datasets,
+        labels=labels,
+        suite=manifest.get("name", ""),
+    )
+    files = ReportFiles(
+        markdown=out_dir / "report.md",
+        cover_em_csv=out_dir / "table_cover_em.csv",
+        summary_csv=out_dir / "summary.csv",
+        summary_json=out_dir / "summary.json",
+        cost_plot=out_dir / "cover_em_vs_cost.png",
+        rounds_plot=out_dir / "stop_rounds.png",
+    )
+    write_markdown(summary, files.markdown)
+    write_csvs(summary, files.cover_em_csv, files.summary_csv)
+    files.summary_json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    plot_cover_em_vs_cost(summary, files.cost_plot)
+    plot_stop_rounds(summary, files.rounds_plot)
+    return summary, files

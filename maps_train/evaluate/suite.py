@@ -1,0 +1,292 @@
+"""The evaluation matrix: systems x data sets, run through the agent runner, scored, reported, tracked.
+
+A suite file (`eval/suites/*.yaml`) maps onto `SuiteConfig`. `run_suite` loads every recipe and data set first
+(so a typo fails in a second, not after an hour), then for each system x data set hands the questions that have
+no result yet to the agent runner, scores the answers it returns into `results.jsonl`, and rebuilds the report.
+
+The runner contract (`maps_train.agents.runner.run_method`):
+    run_method(recipe: Recipe, questions: list[Question], out_dir: Path, progress: bool = True) -> list[dict]
+writes `answers.jsonl` (and its traces) in `out_dir`, append-only and resumable by question id, and returns one
+answer record per given question, including those answered by an earlier, interrupted call:
+    {"question_id", "answer", "method", "rounds", "stop_reason",
+     "cost": {"calls", "prompt_tokens", "completion_tokens", "retrievals", "passages", "latency_s",
+              "by_role": {role: {"calls", "prompt_tokens", "completion_tokens"}}}}
+Only `question_id` and `answer` are required here; missing counters count as 0.
+
+Layout of `out_dir`: suite.yaml, samples.json (seed, size and ids of every sample), results.jsonl, the report
+files (see `report.py`), `runs/<system>/<dataset>/` (the runner's answers.jsonl and traces), `wandb/`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from maps_train.config import dump_yaml, load_config, to_dict
+from maps_train.errors import ConfigError, MapsTrainError
+from maps_train.evaluate.cost import ParameterLookup
+from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
+from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
+from maps_train.evaluate.results import ResultsFile, check_answer_record, score_record
+from maps_train.evaluate.summary import AVG
+from maps_train.evaluate.tracking import SuiteWandbConfig, Tracker, make_tracker
+from maps_train.questions import Question
+
+RunMethod = Callable[..., list[dict[str, Any]]]
+
+
+@dataclass
+class DatasetSpec:
+    name: str  # a registry name (nq, popqa, 2wikimultihopqa, hotpotqa, musique, gpqa) or your own with `path`
+    path: str | None = None  # a local FlashRAG JSONL (or GPQA CSV); default <data_root>/<name>/<split>.jsonl
+    hub: str | None = None  # e.g. RUC-NLPIR/FlashRAG_datasets (online only)
+    config: str | None = None  # hub config; the registry's (or `name`) when null
+    split: str | None = None  # the registry's when null
+    sample: int | None = None  # questions drawn at random; all when null
+    seed: int = 0  # sampling seed, and GPQA's option-shuffle seed
+    label: str | None = None  # column title; the registry's when null
+
+
+@dataclass
+class SystemSpec:
+    name: str
+    recipe: str  # a recipe YAML, relative to the working directory (else to the suite file)
+    overrides: list[str] = field(default_factory=list)  # dotted recipe overrides, e.g. agent.method=vanilla
+    params_billion: float | None = None  # model size for the compute estimate; counted from the model when null
+    # Which routes the roles take: the recipe's own (in a distillation recipe, the teacher); `distilled`: the
+    # student base with one LoRA adapter per role on an offline vLLM engine; `distilled_server`: the same through a
+    # running `maps-train serve` (backend.base_urls); `student_base`: every role on the student base, no adapters.
+    routes: Literal["recipe", "distilled", "distilled_server", "student_base"] = "recipe"
+
+
+@dataclass
+class SuiteConfig:
+    name: str = "suite"
+    out_dir: str = "runs/eval"
+    data_root: str = "data"  # default local layout <data_root>/<name>/<split>.jsonl (FlashRAG's)
+    datasets: list[DatasetSpec] = field(default_factory=list)
+    systems: list[SystemSpec] = field(default_factory=list)
+    wandb: SuiteWandbConfig = field(default_factory=SuiteWandbConfig)
+
+
+@dataclass
+class SuiteOutcome:
+    out_dir: Path
+    results_path: Path
+    summary: dict[str, Any]
+    files: ReportFiles
+    scored: int  # results written by this call
+    unanswered: int  # questions the runner returned no answer for
+
+
+def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> SuiteConfig:
+    suite = load_config(SuiteConfig, path, overrides)
+    for kind, specs in (("datasets", suite.datasets), ("systems", suite.systems)):
+        if not specs:
+            raise ConfigError(f"{path}: {kind}: the suite lists none")
+        names = [s.name for s in specs]
+        for index, name in enumerate(names):
+            if names.index(name) != index:
+                raise ConfigError(f"{path}: {kind}[{index}].name: '{name}' appears twice")
+            if not name or "/" in name:
+                raise ConfigError(f"{path}: {kind}[{index}].name: '{name}' is not a usable folder name")
+    return suite
+
+
+def resolve_recipe_path(recipe: str, suite_path: Path, where: str) -> Path:
+    for candidate in (Path(recipe), suite_path.parent / recipe):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{suite_path}: {where}: recipe '{recipe}' not found (relative to the working directory or the suite)")
+
+
+def apply_routes(recipe: Any, routes: str) -> Any:
+    """The recipe with the role routes a system asks for (see `SystemSpec.routes`)."""
+    if routes == "recipe":
+        return recipe
+    if routes in ("distilled", "distilled_server"):
+        from maps_train.serve import with_distilled_routes
+
+        return with_distilled_routes(recipe, via="engine" if routes == "distilled" else "server")
+    template = recipe.route("default")
+    student = replace(
+        template,
+        model=recipe.serve.base_model or recipe.train.student,
+        adapter=None,
+        enable_thinking=recipe.sft_data.enable_thinking,
+    )
+    return replace(recipe, roles={"default": student})
+
+
+def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
+    from maps_train.recipe import load_recipe
+
+    path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
+    recipe = apply_routes(load_recipe(str(path), spec.overrides), spec.routes)
+    if spec.routes == "distilled":  # fail now, not when the engine loads the first adapter an hour in
+        for role, route in recipe.roles.items():
+            if route.adapter and not Path(route.adapter).is_dir():
+                raise ConfigError(
+                    f"{suite_path}: systems[{index}] ({spec.name}): adapter of role '{role}' not found at "
+                    f"{route.adapter} (train it first: maps-train train {spec.recipe})"
+                )
+    return recipe
+
+
+def default_runner() -> RunMethod:
+    try:
+        from maps_train.agents.runner import run_method
+    except ImportError as err:
+        raise MapsTrainError(f"the agent runner is not available (maps_train.agents.runner.run_method): {err}") from None
+    return run_method
+
+
+def _select(specs: list, names: Sequence[str] | None, kind: str, path: Path) -> list:
+    if not names:
+        return specs
+    known = {s.name for s in specs}
+    for name in names:
+        if name not in known:
+            raise MapsTrainError(f"{path}: no {kind} named '{name}' (known: {', '.join(sorted(known))})")
+    return [s for s in specs if s.name in names]
+
+
+def load_suite_questions(suite: SuiteConfig, specs: list[DatasetSpec], suite_path: Path) -> dict[str, list[Question]]:
+    """Every data set of the suite, sampled; duplicate ids fail (results are keyed by id)."""
+    questions = {}
+    for spec in specs:
+        loaded = load_eval_questions(
+            spec.name, path=spec.path, hub=spec.hub, split=spec.split, seed=spec.seed,
+            data_root=suite.data_root, config=spec.config,
+        )
+        ids = [q.id for q in loaded]
+        if len(set(ids)) != len(ids):
+            duplicate = next(i for i in ids if ids.count(i) > 1)
+            raise MapsTrainError(f"{suite_path}: dataset '{spec.name}': question id '{duplicate}' appears twice")
+        questions[spec.name] = sample(loaded, spec.sample, spec.seed)
+    return questions
+
+
+def _answer_mode(name: str, question: Question) -> str:
+    info = dataset_info(name)
+    if info is not None:
+        return info.answer_mode
+    return "choice" if question.options else "short"
+
+
+def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: dict, files: ReportFiles, out_dir: Path) -> None:
+    rows = ResultsFile(out_dir / RESULTS).read()
+    columns = [
+        "dataset", "question_id", "question", "golden_answers", "answer", "cover_em", "em", "f1", "answer_words",
+        "rounds", "stop_reason", "calls", "prompt_tokens", "completion_tokens", "retrievals", "latency_s", "compute_tflops",
+    ]
+    for spec in suite.systems:
+        if spec.name not in summary["cells"]:
+            continue
+        tracker.start_run(
+            spec.name,
+            {"suite": suite.name, "system": to_dict(spec), "recipe": to_dict(recipes[spec.name]),
+             "datasets": to_dict(suite.datasets)},
+        )
+        metrics: dict[str, Any] = {}
+        for dataset, cell in summary["cells"][spec.name].items():
+            label = summary["labels"].get(dataset, dataset)
+            for key in ("cover_em", "em", "f1", "answer_words", "n", "calls", "prompt_tokens", "completion_tokens",
+                        "retrievals", "passages", "latency_s", "compute_tflops"):
+                if cell.get(key) is not None:
+                    metrics[f"{label}/{key}"] = cell[key]
+        tracker.log_summary(metrics)
+        table = [
+            [r["dataset"], r["question_id"], r["question"], " | ".join(r["golden_answers"]), r["answer"], r["cover_em"],
+             r["em"], r["f1"], r["answer_words"], r.get("rounds"), r.get("stop_reason"), r["cost"]["calls"],
+             r["cost"]["prompt_tokens"], r["cost"]["completion_tokens"], r["cost"]["retrievals"], r["cost"]["latency_s"],
+             None if r.get("compute_flops") is None else r["compute_flops"] / 1e12]
+            for r in rows if r["system"] == spec.name
+        ]
+        tracker.log_table("results", columns, table)
+        tracker.log_image("cover_em_vs_cost", files.cost_plot)
+        tracker.log_image("stop_rounds", files.rounds_plot)
+        tracker.finish_run()
+
+
+def run_suite(
+    suite_path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    runner: RunMethod | None = None,
+    tracker: Tracker | None = None,
+    systems: Sequence[str] | None = None,
+    datasets: Sequence[str] | None = None,
+    sample_size: int | None = None,
+    progress: bool = True,
+) -> SuiteOutcome:
+    """Run (or resume) a suite and rebuild its report; returns the summary and the report files.
+
+    `runner` defaults to `maps_train.agents.runner.run_method`; `systems`/`datasets` restrict the matrix;
+    `sample_size` replaces every data set's `sample` (a smoke run: with the same seed it is a prefix of the full
+    sample, so its results count towards the full run).
+    """
+    from tqdm.auto import tqdm
+
+    suite_path = Path(suite_path)
+    suite = load_suite(suite_path, overrides)
+    if sample_size is not None:
+        suite.datasets = [replace(d, sample=sample_size) for d in suite.datasets]
+    system_specs = _select(suite.systems, systems, "system", suite_path)
+    dataset_specs = _select(suite.datasets, datasets, "dataset", suite_path)
+
+    recipes = {spec.name: load_system_recipe(spec, i, suite_path) for i, spec in enumerate(suite.systems) if spec in system_specs}
+    questions = load_suite_questions(suite, dataset_specs, suite_path)
+
+    out_dir = Path(suite.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUITE_MANIFEST).write_text(dump_yaml(suite), encoding="utf-8")
+    samples_path = out_dir / "samples.json"
+    samples = json.loads(samples_path.read_text()) if samples_path.is_file() else {}
+    for name, chosen in questions.items():
+        record = chosen[0].metadata["sample"] if chosen else {"seed": None, "n": 0, "population": 0}
+        samples[name] = {**record, "question_ids": [q.id for q in chosen]}
+    samples_path.write_text(json.dumps(samples, indent=1), encoding="utf-8")
+
+    results = ResultsFile(out_dir / RESULTS)
+    done = results.keys()
+    pairs = [(s, d) for s in system_specs for d in dataset_specs]
+    scored = unanswered = 0
+    for system, spec in tqdm(pairs, desc=f"suite {suite.name}", unit="run", disable=not progress):
+        pending = [q for q in questions[spec.name] if (system.name, spec.name, q.id) not in done]
+        if not pending:
+            continue
+        runner = runner or default_runner()
+        run_dir = out_dir / "runs" / system.name / spec.name
+        where = f"{run_dir}/answers.jsonl"
+        answers = {}
+        for record in runner(recipes[system.name], pending, run_dir, progress=progress):
+            record = check_answer_record(record, where)
+            answers[str(record["question_id"])] = record
+        lookup = ParameterLookup(recipes[system.name], system.params_billion)
+        rows = [
+            score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup)
+            for q in pending
+            if q.id in answers
+        ]
+        scored += results.append(rows)
+        missing = len(pending) - len(rows)
+        if missing:
+            unanswered += missing
+            print(f"maps-train eval: {system.name}/{spec.name}: {missing} questions got no answer; rerun to retry",
+                  file=sys.stderr)
+
+    summary, files = build_report(out_dir)
+    if scored:
+        tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
+        _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
+    return SuiteOutcome(out_dir, results.path, summary, files, scored, unanswered)
+
+
+__all__ = [
+    "AVG", "DatasetSpec", "SuiteConfig", "SuiteOutcome", "SystemSpec", "load_suite", "load_suite_questions", "run_suite",
+]

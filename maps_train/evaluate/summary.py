@@ -1,0 +1,92 @@
+"""Per-question results -> one cell per (system, dataset) plus each system's average (pure data, no files).
+
+Every cell holds the means over its questions of Cover-EM, EM, F1, answer length in words and the cost counters
+(calls, prompt/completion tokens, per role too, retrievals, passages, latency, estimated TFLOPs), plus the
+distribution of stop rounds and stop reasons. "Avg" is the macro average over the data sets a system was run on,
+as the paper's Table 3.1 averages its columns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from statistics import fmean
+from typing import Any
+
+from maps_train.evaluate.cost import COST_KEYS, ROLE_KEYS
+
+AVG = "Avg"
+SCORE_KEYS = ("cover_em", "em", "f1", "answer_words")
+
+
+def _mean(values: list[float]) -> float:
+    return fmean(values) if values else 0.0
+
+
+def _cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    cell: dict[str, Any] = {"n": len(rows)}
+    for key in SCORE_KEYS:
+        cell[key] = _mean([float(r.get(key) or 0) for r in rows])
+    for key in COST_KEYS:
+        cell[key] = _mean([float(r["cost"].get(key) or 0) for r in rows])
+    roles = sorted({role for r in rows for role in r["cost"].get("by_role", {})})
+    cell["by_role"] = {
+        role: {key: _mean([float(r["cost"].get("by_role", {}).get(role, {}).get(key) or 0) for r in rows]) for key in ROLE_KEYS}
+        for role in roles
+    }
+    flops = [r.get("compute_flops") for r in rows]
+    cell["compute_tflops"] = None if any(f is None for f in flops) else _mean([f / 1e12 for f in flops])
+    cell["rounds"] = {str(k): v for k, v in sorted(Counter(r["rounds"] for r in rows if r.get("rounds") is not None).items())}
+    cell["stop_reasons"] = dict(Counter(r.get("stop_reason") or "none" for r in rows).most_common())
+    return cell
+
+
+def _average(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    avg: dict[str, Any] = {"n": sum(c["n"] for c in cells), "datasets": len(cells)}
+    for key in SCORE_KEYS + COST_KEYS:
+        avg[key] = _mean([c[key] for c in cells])
+    roles = sorted({role for c in cells for role in c["by_role"]})
+    avg["by_role"] = {
+        role: {key: _mean([c["by_role"].get(role, {}).get(key, 0.0) for c in cells]) for key in ROLE_KEYS} for role in roles
+    }
+    tflops = [c["compute_tflops"] for c in cells]
+    avg["compute_tflops"] = None if any(t is None for t in tflops) else _mean(tflops)
+    rounds: Counter = Counter()
+    reasons: Counter = Counter()
+    for c in cells:
+        rounds.update({k: v for k, v in c["rounds"].items()})
+        reasons.update(c["stop_reasons"])
+    avg["rounds"] = {k: rounds[k] for k in sorted(rounds, key=int)}
+    avg["stop_reasons"] = dict(reasons.most_common())
+    return avg
+
+
+def summarize(
+    rows: Iterable[dict[str, Any]],
+    systems: list[str] | None = None,
+    datasets: list[str] | None = None,
+    labels: dict[str, str] | None = None,
+    suite: str = "",
+) -> dict[str, Any]:
+    """The summary of a suite's results; `systems`/`datasets` fix the table order (else first-seen order)."""
+    groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    seen_systems, seen_datasets = [], []
+    for row in rows:
+        groups[row["system"]][row["dataset"]].append(row)
+        if row["system"] not in seen_systems:
+            seen_systems.append(row["system"])
+        if row["dataset"] not in seen_datasets:
+            seen_datasets.append(row["dataset"])
+    systems = [s for s in (systems or []) if s in groups] + [s for s in seen_systems if s not in (systems or [])]
+    datasets = [d for d in (datasets or []) if d in seen_datasets] + [d for d in seen_datasets if d not in (datasets or [])]
+    cells: dict[str, dict[str, Any]] = {}
+    for system in systems:
+        per_dataset = {d: _cell(groups[system][d]) for d in datasets if groups[system].get(d)}
+        cells[system] = {**per_dataset, AVG: _average(list(per_dataset.values()))}
+    return {
+        "suite": suite,
+        "systems": systems,
+        "datasets": datasets,
+        "labels": {d: (labels or {}).get(d, d) for d in datasets},
+        "cells": cells,
+    }
