@@ -1,0 +1,96 @@
+"""Traces -> per-adapter SFT sets: filtering, TRL prompt-completion rows, statistics, bad lines named by line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maps_train.errors import MapsTrainError
+from maps_train.questions import Question
+from maps_train.recipe import load_recipe
+from maps_train.traces.collect import collect_traces, run_dirs
+from maps_train.traces.sft import build_sft_sets
+from tests.scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
+
+
+def write_questions(path, n):
+    rows = [{"id": f"q{i}", "question": f"Who is q{i}?", "golden_answers": [f"answer of q{i}" if i % 2 == 0 else "x"]}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def traced(tmp_path):
+    """Real trace files written by the MAPS engine (scripted backend: answers right for even questions)."""
+    questions = tmp_path / "train.jsonl"
+    write_questions(questions, 4)
+    recipe = load_recipe(None, [
+        f"traces.questions=[{questions}]", f"traces.out_dir={tmp_path / 'traces'}",
+        f"sft_data.traces_dir={tmp_path / 'traces'}", f"sft_data.out_dir={tmp_path / 'sft'}",
+        "sft_data.tokenizer=null", "train.student=builtin:tiny-qwen3", "agent.num_directions=2",
+    ])
+    totals = collect_traces(recipe, backend=ScriptedBackend({"consolidator": consolidator_sufficient_after(2)}),
+                            retriever=RecordingRetriever(), progress=False)
+    assert totals["questions"] == 4 and totals["calls"] > 0
+    return recipe, tmp_path
+
+
+def test_sft_sets_keep_correct_traces_as_prompt_completion_rows(traced):
+    recipe, tmp_path = traced
+    stats = build_sft_sets(recipe)
+    assert stats.traces == 4 and stats.kept_traces == 2 and stats.rejects["incorrect_answer"] == 2
+    # 2 kept traces x 2 rounds: proposer 1 call/round, writer 2 calls/round, consolidator 1/round + the answer call.
+    assert stats.examples == {"proposer": 4, "writer": 8, "consolidator": 6}
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "writer" / "train.jsonl").read_text().splitlines()]
+    row = rows[0]
+    assert set(row) == {"prompt", "completion", "chat_template_kwargs", "question_id", "role"}
+    assert row["prompt"][-1]["role"] == "user" and row["completion"][0]["role"] == "assistant"
+    assert json.loads(row["completion"][0]["content"])["query"].startswith("lookup")
+    assert row["chat_template_kwargs"] == {"enable_thinking": False}
+    consolidator_roles = {json.loads(line)["role"] for line in (tmp_path / "sft" / "consolidator" / "train.jsonl").open()}
+    assert consolidator_roles == {"consolidator", "answer"}
+    saved = json.loads((tmp_path / "sft" / "stats.json").read_text())
+    assert saved["examples"]["writer"] == 8 and saved["prompt_tokens"]["writer"] > 0
+
+
+def test_length_caps_and_real_token_counts(traced, tiny_qwen3):
+    recipe, _ = traced
+    from dataclasses import replace
+
+    capped = replace(recipe, sft_data=replace(recipe.sft_data, tokenizer=tiny_qwen3, max_completion_tokens=5))
+    stats = build_sft_sets(capped)
+    assert stats.rejects["completion_too_long"] > 0
+    assert sum(stats.examples.values()) < 18
+
+
+def test_bad_trace_lines_name_the_line_and_can_be_skipped(traced):
+    recipe, tmp_path = traced
+    (_, out_dir, _), = run_dirs(recipe)
+    path = out_dir / "traces.jsonl"
+    lines = path.read_text().splitlines()
+    wrong_version = json.loads(lines[0]) | {"schema_version": 99}
+    missing = json.loads(lines[2])
+    del missing["rounds"]
+    lines[0] = json.dumps(wrong_version)
+    lines[2] = json.dumps(missing)
+    lines.append(lines[1][: len(lines[1]) // 2])  # a truncated line
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MapsTrainError, match=rf"{path}:1: schema_version: 99 is not supported"):
+        build_sft_sets(recipe)
+    stats = build_sft_sets(recipe, skip_bad_lines=True)
+    assert stats.rejects["bad_line"] == 3
+    assert any(f"{path}:3: rounds: required field is missing" in line for line in stats.bad_lines)
+    assert any(f"{path}:5: invalid JSON" in line for line in stats.bad_lines)
+    assert stats.traces == 2 and stats.kept_traces == 0  # lines 2 and 4 hold q1 and q3, both answered wrong
+
+
+def test_several_samples_get_distinct_seeds_and_folders(tmp_path):
+    from maps_train.traces.collect import sample_recipe
+
+    recipe = load_recipe(None, ["traces.samples_per_question=3", "traces.sample_temperature=0.8", "traces.seed=5",
+                                f"traces.questions=[{tmp_path / 'a' / 'train.jsonl'}]"])
+    dirs = run_dirs(recipe)
+    assert [d.name for _, d, _ in dirs] == ["sample-0", "sample-1", "sample-2"]
+    sampled = sample_recipe(recipe, 2)
+    assert sampled.route("proposer").temperature == 0.8 and sampled.route("proposer").seed == 7
