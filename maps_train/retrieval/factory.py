@@ -1,0 +1,101 @@
+"""`build_retriever(cfg)`: the one call agents, the demo and the evaluator make to get a `Retriever`.
+
+- `cfg.service_url` set: a `RetrievalClient` for a running `maps-train retrieve serve`.
+- otherwise an in-process `DenseRetriever` or `BM25Retriever` over `cfg.index_dir`, or over the default directory
+  derived from corpus + encoder (`default_index_dir`); a missing index is built first (logged), under a file
+  lock so concurrent processes build it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from maps_train.errors import MapsTrainError
+from maps_train.recipe import RetrievalConfig
+from maps_train.retrieval.base import Retriever
+from maps_train.retrieval.manifest import has_manifest, read_manifest
+
+logger = logging.getLogger(__name__)
+
+
+def slug(encoder: str) -> str:
+    name = encoder.removeprefix("builtin:")
+    if Path(name).expanduser().exists():
+        name = Path(name).expanduser().resolve().name
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-")
+
+
+def default_index_dir(cfg: RetrievalConfig) -> Path:
+    """`$MAPS_TRAIN_HOME/indexes/<corpus stem>-<fingerprint>/index-<encoder>-<type>` (or `.../index-bm25`).
+
+    Keyed by the corpus fingerprint so two corpora never share an index, and outside the corpus folder, which may
+    be read-only shared data or a source tree. Real runs set `retrieval.index_dir` explicitly.
+    """
+    from maps_train.paths import home
+    from maps_train.retrieval.corpus import fingerprint
+
+    corpus = Path(cfg.corpus).expanduser()
+    if not corpus.is_file():
+        raise MapsTrainError(f"{cfg.corpus}: no such corpus file (retrieval.corpus)")
+    name = "index-bm25" if cfg.kind == "bm25" else f"index-{slug(cfg.encoder)}-{cfg.index_type}"
+    return home() / "indexes" / f"{corpus.stem}-{fingerprint(corpus)[-12:]}" / name
+
+
+def load_retriever(index_dir: str | Path, corpus: str | Path | None = None, encoder=None, **kwargs):
+    """The in-process retriever for a finished index directory, dense or BM25 as its manifest says."""
+    kind = read_manifest(index_dir)["kind"]
+    if kind == "bm25":
+        from maps_train.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever(index_dir, corpus=corpus)
+    from maps_train.retrieval.dense import DenseRetriever
+
+    return DenseRetriever(index_dir, corpus=corpus, encoder=encoder, **kwargs)
+
+
+def build_retriever(cfg: RetrievalConfig) -> Retriever:
+    if cfg.service_url:
+        from maps_train.retrieval.client import RetrievalClient
+
+        return RetrievalClient(cfg.service_url, timeout_s=cfg.service_timeout_s)
+    index_dir = Path(cfg.index_dir).expanduser() if cfg.index_dir else default_index_dir(cfg)
+    encoder = None
+    if not has_manifest(index_dir):
+        if not cfg.auto_build:
+            raise MapsTrainError(f"{index_dir}: no index (retrieval.index_dir); run `maps-train index build`")
+        from filelock import FileLock
+
+        from maps_train.retrieval.build import build_index
+
+        index_dir.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(index_dir) + ".lock"):
+            if not has_manifest(index_dir):  # another process may have built it while we waited
+                logger.warning("no %s index at %s: building it from %s now", cfg.kind, index_dir, cfg.corpus)
+                if cfg.kind == "dense":
+                    from maps_train.retrieval.encoders import Encoder
+
+                    encoder = Encoder(
+                        cfg.encoder,
+                        fp16=cfg.fp16,
+                        batch_size=cfg.encode_batch_size,
+                        query_prefix=cfg.query_prefix,
+                        passage_prefix=cfg.passage_prefix,
+                    )
+                build_index(cfg, index_dir, **({"encoder": encoder} if encoder is not None else {}))
+    if cfg.kind == "bm25":
+        from maps_train.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever(index_dir, corpus=cfg.corpus)
+    from maps_train.retrieval.dense import DenseRetriever
+
+    return DenseRetriever(
+        index_dir,
+        corpus=cfg.corpus,
+        encoder=encoder or cfg.encoder,
+        fp16=cfg.fp16,
+        batch_size=cfg.encode_batch_size,
+        nprobe=cfg.nprobe,
+        ef_search=cfg.hnsw_ef_search,
+    )

@@ -1,0 +1,144 @@
+"""FAISS index construction, filling from a memory-mapped embedding matrix, and GPU placement.
+
+All indexes use inner product on L2-normalised vectors (= cosine). `flat` is exact; `hnsw` is a CPU graph index
+(FAISS has no GPU HNSW); `ivfpq` compresses vectors (e.g. 768-d fp32 -> 64 bytes) for corpora that do not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from maps_train.errors import MapsTrainError
+
+logger = logging.getLogger(__name__)
+
+INDEX_TYPES = ("flat", "hnsw", "ivfpq")
+IVFPQ_MIN_PASSAGES = 10_000  # below this, k-means and PQ training have too few points; flat is exact and small
+
+
+def gpu_count() -> int:
+    import faiss
+
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def to_gpus(index: Any, fp16: bool = True) -> Any:
+    """Spread an index over every visible GPU (FAISS GPU build), or return it unchanged."""
+    import faiss
+
+    if gpu_count() == 0 or not hasattr(faiss, "index_cpu_to_all_gpus") or isinstance(index, faiss.IndexHNSW):
+        return index
+    options = faiss.GpuMultipleClonerOptions()
+    options.shard = True  # split rows across GPUs rather than replicating the whole matrix on each
+    options.useFloat16 = fp16  # also lets IVFPQ use m > 48 sub-quantizers on GPU
+    try:
+        return faiss.index_cpu_to_all_gpus(index, co=options)
+    except Exception as err:  # an index type or size the GPU build refuses: search on CPU instead
+        logger.warning("could not move the FAISS index to GPU (%s); using CPU", err)
+        return index
+
+
+def to_first_gpu(index: Any) -> Any:
+    """One GPU for building: k-means on a multi-GPU clone would train each copy separately."""
+    import faiss
+
+    if gpu_count() == 0 or not hasattr(faiss, "StandardGpuResources"):
+        return index
+    options = faiss.GpuClonerOptions()
+    options.useFloat16 = True
+    try:
+        resources = faiss.StandardGpuResources()
+        gpu_index = faiss.index_cpu_to_gpu(resources, 0, index, options)
+        gpu_index.referenced_resources = resources  # keep the resources alive as long as the index
+        return gpu_index
+    except Exception as err:
+        logger.warning("could not build the FAISS index on GPU (%s); using CPU", err)
+        return index
+
+
+def to_cpu(index: Any) -> Any:
+    import faiss
+
+    return faiss.index_gpu_to_cpu(index) if gpu_count() and hasattr(faiss, "index_gpu_to_cpu") else index
+
+
+def set_search_params(index: Any, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    import faiss
+
+    if nprobe is not None:
+        try:
+            faiss.extract_index_ivf(index).nprobe = nprobe
+        except (RuntimeError, TypeError, AttributeError):
+            pass  # not an IVF index
+    if ef_search is not None and isinstance(index, faiss.IndexHNSW):
+        index.hnsw.efSearch = ef_search
+
+
+def build_from_memmap(
+    embeddings: np.ndarray,
+    index_type: str,
+    params: dict[str, Any],
+    chunk_rows: int,
+    use_gpu: bool,
+    progress: Callable[[int], None] = lambda rows: None,
+) -> tuple[Any, dict[str, Any]]:
+    """Build an index over `embeddings` (n x d, possibly fp16 on disk) reading `chunk_rows` rows at a time.
+
+    Returns the CPU index and the parameters actually used (small corpora clamp some of them).
+    """
+    import faiss
+
+    count, dim = embeddings.shape
+    metric = faiss.METRIC_INNER_PRODUCT
+    used: dict[str, Any] = {}
+    if index_type == "flat":
+        # Pre-size the code buffer and copy rows straight into it: repeated add() grows a vector by doubling,
+        # which for a 64 GB matrix would briefly need twice its size.
+        index = faiss.IndexFlatIP(dim)
+        code_bytes = count * dim * 4
+        index.codes.resize(code_bytes)
+        if count:
+            matrix = faiss.rev_swig_ptr(index.codes.data(), code_bytes).view(np.float32).reshape(count, dim)
+            for start in range(0, count, chunk_rows):
+                stop = min(start + chunk_rows, count)
+                matrix[start:stop] = embeddings[start:stop]
+                progress(stop - start)
+        index.ntotal = count
+        return index, used
+    if index_type == "hnsw":
+        used = {"M": int(params["hnsw_m"]), "efConstruction": int(params["hnsw_ef_construction"])}
+        index = faiss.IndexHNSWFlat(dim, used["M"], metric)
+        index.hnsw.efConstruction = used["efConstruction"]
+        _add_in_chunks(index, embeddings, chunk_rows, progress)
+        return index, used
+    if index_type == "ivfpq":
+        if count < IVFPQ_MIN_PASSAGES:
+            raise MapsTrainError(
+                f"index type ivfpq needs at least {IVFPQ_MIN_PASSAGES} passages (corpus has {count}); use flat"
+            )
+        pq_m = int(params["pq_m"])
+        if dim % pq_m:
+            raise MapsTrainError(f"retrieval.pq_m={pq_m} must divide the embedding dimension {dim}")
+        nlist = max(1, min(int(params["ivf_nlist"]), count // 39))  # FAISS wants >= 39 training points per list
+        used = {"nlist": nlist, "pq_m": pq_m, "pq_nbits": 8}
+        quantizer = faiss.IndexFlatIP(dim)
+        cpu_index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m, 8, metric)
+        index = to_first_gpu(cpu_index) if use_gpu else cpu_index
+        sample_size = min(count, max(256 * nlist // 4, 64 * nlist, 100_000))
+        sample_rows = np.sort(np.random.default_rng(0).choice(count, size=sample_size, replace=False))
+        index.train(np.ascontiguousarray(embeddings[sample_rows], dtype=np.float32))
+        _add_in_chunks(index, embeddings, chunk_rows, progress)
+        return (to_cpu(index) if index is not cpu_index else index), used
+    raise MapsTrainError(f"index type '{index_type}': expected one of {', '.join(INDEX_TYPES)}")
+
+
+def _add_in_chunks(index: Any, embeddings: np.ndarray, chunk_rows: int, progress: Callable[[int], None]) -> None:
+    count = embeddings.shape[0]
+    for start in range(0, count, chunk_rows):
+        stop = min(start + chunk_rows, count)
+        index.add(np.ascontiguousarray(embeddings[start:stop], dtype=np.float32))
+        progress(stop - start)
