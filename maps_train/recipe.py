@@ -19,7 +19,7 @@ class RetrievalConfig:
     corpus: str = "data/demo/corpus.jsonl"
     kind: Literal["dense", "bm25"] = "dense"
     encoder: str = "builtin:minilm-l6"
-    index_dir: str | None = None  # built by `maps-train index build`; default: <corpus dir>/index-<encoder>
+    index_dir: str | None = None  # from `maps-train index build`; null: $MAPS_TRAIN_HOME/indexes/<corpus>-<checksum>/
     index_type: Literal["flat", "hnsw", "ivfpq"] = "flat"
     top_k: int = 5
     service_url: str | None = None  # a running `maps-train retrieve serve`; in-process search when null
@@ -30,6 +30,15 @@ class RetrievalConfig:
     ivf_nlist: int = 4096
     pq_m: int = 64
     nprobe: int = 64
+    query_prefix: str | None = None  # null: the encoder registry's (E5 "query: ", BGE's instruction, MiniLM none)
+    passage_prefix: str | None = None  # null: the encoder registry's (E5 "passage: ")
+    embedding_dtype: Literal["float16", "float32"] = "float16"  # the memory-mapped embedding matrix on disk
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 128
+    auto_build: bool = True  # build_retriever builds a missing index (with a log line) instead of failing
+    service_timeout_s: float = 60.0  # RetrievalClient request timeout
+    service_max_batch: int = 256  # `retrieve serve`: most queries merged into one search call
+    service_max_wait_ms: float = 5.0  # `retrieve serve`: how long the first request waits for others to join
 
 
 @dataclass
@@ -63,6 +72,10 @@ class BackendConfig:
     concurrency: int = 32
     request_timeout_s: float = 120.0
     max_retries: int = 4
+    retry_backoff_s: float = 0.5  # openai backend: waits 0.5, 1, 2, ... s between retries
+    # vLLM engine: JSON without free whitespace (engine-wide in vLLM, xgrammar); small models otherwise loop on blank lines.
+    # For a server, pass `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'`.
+    structured_disable_whitespace: bool = True
     truncate_prompt: Literal["error", "left"] = "left"  # prompts over the context: refuse, or drop the oldest tokens
     hf_batch_size: int = 16
 
@@ -138,6 +151,15 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "auto"
     sft_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to trl.SFTConfig
+    # Added for `maps_train.train` (LoRA SFT under accelerate launch):
+    lr_scheduler_type: str = "cosine"
+    warmup_steps: float = 0.03  # below 1: a fraction of the training steps (transformers v5 folded warmup_ratio in)
+    weight_decay: float = 0.0
+    completion_only_loss: bool = True  # loss on the role's completion only (prompt-completion rows)
+    attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU (packing runs padding-free)
+    accelerate_config: str | None = None  # what `maps-train train` launches with; null: see --num-processes
+    num_processes: int = 1  # `maps-train train` without accelerate_config: ranks to start (CPU: gloo)
+    save_steps: int = 500  # LoRA checkpoints under <output_dir>/_trainer/<adapter>; a rerun resumes from the last
 
 
 @dataclass
@@ -158,6 +180,7 @@ class WandbConfig:
     group: str | None = None
     mode: Literal["online", "offline", "disabled"] = "offline"
     dir: str | None = None
+    tags: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,201 @@
+"""LoRA SFT of the student on one role's SFT set (TRL `SFTTrainer` + PEFT), the entry point for `accelerate launch`.
+
+Usage:
+
+# One GPU node, DDP (ZeRO-2/3: recipes/accelerate/zero2.yaml, zero3.yaml); one adapter:
+accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
+    --config recipes/distill/qwen3-4b.yaml --role proposer train.learning_rate=1e-4
+
+# Every adapter of the recipe, one after another in the same ranks (memory freed between adapters):
+accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
+    --config recipes/distill/qwen3-4b.yaml --role all
+
+# Two ranks on a CPU-only machine (gloo; a MULTI_CPU config file would quietly start only one process):
+accelerate launch --config_file recipes/accelerate/cpu2.yaml --main_process_port 29517 -m maps_train.train \
+    --config recipes/distill/qwen3-0.6b.yaml --role writer train.student=builtin:tiny-qwen3
+
+# The one command for users: one `accelerate launch` per adapter (a fresh process each, finished ones skipped):
+maps-train train recipes/distill/qwen3-4b.yaml --role all --accelerate-config recipes/accelerate/ddp.yaml
+
+Reads `<train.sft_dir>/<adapter>/train.jsonl` (and `eval.jsonl` when present), writes the adapter to
+`<train.output_dir>/<adapter>/` (weights, adapter_config.json, train_summary.json; no tokenizer files) and
+trainer checkpoints to `<train.output_dir>/_trainer/<adapter>/`. A finished adapter (its train_summary.json
+exists) is skipped unless --overwrite; an interrupted one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import sys
+import time
+
+from maps_train.errors import MapsTrainError
+
+logger = logging.getLogger("maps_train.train")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m maps_train.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="a recipe YAML (recipes/distill/*.yaml)")
+    parser.add_argument("--role", default="all", help="an adapter name (sft_data.adapter_roles key), 'shared' or 'all'")
+    parser.add_argument("--overwrite", action="store_true", help="retrain adapters that are already finished")
+    parser.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. train.max_steps=100")
+    return parser.parse_args(argv)
+
+
+def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
+    """Train, save and check one adapter; returns its summary (None when it was already finished)."""
+    import torch
+    from transformers import set_seed
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTTrainer
+
+    from maps_train.train import callbacks, data, sft
+    from maps_train.train.adapter_check import require_valid_adapter
+
+    state = sft.distributed_state()
+    out_dir = sft.adapter_dir(recipe, adapter)
+    if sft.is_trained(recipe, adapter) and not overwrite:
+        if state.is_main_process:
+            logger.info("%s: already trained (%s exists); --overwrite retrains it", out_dir, sft.SUMMARY_FILE)
+        return None
+    if overwrite and state.is_main_process:
+        sft.clear_adapter(recipe, adapter)
+    state.wait_for_everyone()
+    set_seed(recipe.train.seed)
+    started = time.time()
+
+    ###############
+    # Data
+    ###############
+    train_set, eval_set = data.load_adapter_datasets(recipe, adapter)
+    logger.info("%s: %d train rows, %d eval rows", adapter, len(train_set), len(eval_set) if eval_set else 0)
+
+    ###############
+    # Tokenizer
+    ###############
+    tokenizer = sft.load_tokenizer(recipe)
+
+    ###############
+    # Trainer config (before the model, so ZeRO-3 can shard it as it loads)
+    ###############
+    precision = sft.choose_precision(recipe.train)
+    training_args = sft.build_sft_config(recipe, adapter, precision)
+
+    ###############
+    # Model
+    ###############
+    model = sft.load_student(recipe, precision)
+    vocab_before = model.get_input_embeddings().num_embeddings
+
+    ###############
+    # Trainer
+    ###############
+    trainer = SFTTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=sft.build_lora_config(recipe.train),
+    )
+    throughput = callbacks.TokensPerSecondCallback()
+    callbacks.install(trainer, throughput)
+    if trainer.model.get_input_embeddings().num_embeddings != vocab_before:
+        raise MapsTrainError(f"train.student: the vocabulary was resized during setup; vLLM would reject {adapter}")
+
+    ###############
+    # Train (resuming from the last checkpoint of an interrupted run)
+    ###############
+    checkpoints = sft.trainer_dir(recipe, adapter)
+    last_checkpoint = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if last_checkpoint:
+        logger.info("%s: resuming from %s", adapter, last_checkpoint)
+    result = trainer.train(resume_from_checkpoint=last_checkpoint)
+    eval_metrics = trainer.evaluate() if eval_set is not None else {}
+
+    ###############
+    # Save (adapter only, checked the way vLLM will load it)
+    ###############
+    base_model = sft.recorded_base_model(recipe.train.student)
+    sft.save_adapter(trainer, out_dir, base_model)
+    summary = None
+    if state.is_main_process:
+        require_valid_adapter(out_dir)
+        losses = sft.loss_history(trainer.state.log_history)
+        summary = {
+            "recipe": recipe.name,
+            "adapter": adapter,
+            "sft_sources": data.source_adapters(recipe, adapter),
+            "trace_roles": sorted(
+                {r for name in data.source_adapters(recipe, adapter) for r in recipe.sft_data.adapter_roles[name]}
+            ),
+            "student": recipe.train.student,
+            "base_model_name_or_path": base_model,
+            "lora_r": recipe.train.lora_r,
+            "lora_alpha": recipe.train.lora_alpha,
+            "packing": recipe.train.packing,
+            "dtype": precision.dtype,
+            "bf16": precision.bf16,
+            "world_size": training_args.world_size,
+            "train_rows": len(train_set),
+            "eval_rows": len(eval_set) if eval_set is not None else 0,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "train_runtime": result.metrics.get("train_runtime"),
+            "losses": losses,
+            "eval_loss": eval_metrics.get("eval_loss"),
+            **throughput.summary(),
+            "wall_seconds": round(time.time() - started, 2),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
+        # Written last: its presence marks the adapter finished (see sft.is_trained).
+        (out_dir / sft.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        logger.info("%s: saved to %s (%.1f train tokens/s)", adapter, out_dir, summary["train_tokens_per_second"])
+    state.wait_for_everyone()
+
+    # Release this adapter's model before the next one (--role all runs several in these ranks).
+    del trainer, model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from maps_train.recipe import load_recipe
+    from maps_train.train.data import adapter_names
+    from maps_train.train.sft import distributed_state
+
+    args = parse_args(argv)
+    try:
+        state = distributed_state()
+        logging.basicConfig(
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            level=logging.INFO if state.is_main_process else logging.WARNING,  # one rank narrates
+        )
+        recipe = load_recipe(args.config, args.overrides)
+        adapters = adapter_names(recipe) if args.role == "all" else [args.role]
+        for adapter in adapters:
+            train_one(recipe, adapter, overwrite=args.overwrite)
+    except MapsTrainError as err:
+        print(f"maps-train: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        _close_process_group()
+    return 0
+
+
+def _close_process_group() -> None:
+    """Leave the gloo/NCCL group cleanly (torch warns at exit otherwise)."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Is a saved LoRA adapter one that vLLM's multi-LoRA serving loads? Checked from its files, without vLLM.
+
+What vLLM (0.32-0.33) refuses or mishandles, mirrored here so a bad adapter fails right after training rather
+than when the server starts: a rank outside its `max_lora_rank` choices; `modules_to_save` (full copies of
+embed_tokens / lm_head) and weights for embed_tokens / lm_head (Qwen3 has no LoRA there, and a resized vocabulary
+would not match the served base); DoRA, LoRA bias, layer replication, init schemes that change the base weights;
+target modules other than the attention and MLP projections. It also wants the base model recorded and no
+tokenizer files beside the adapter (per-LoRA tokenizers are deprecated in vLLM and would make it warn).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from maps_train.errors import MapsTrainError
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VOCAB_MODULES = ("embed_tokens", "lm_head")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def _weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    path = folder / WEIGHT_FILES[0]
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:  # not iterable itself: .keys() is needed
+            return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+    import torch
+
+    state = torch.load(folder / WEIGHT_FILES[1], map_location="cpu", weights_only=True)
+    return {key: tuple(value.shape) for key, value in state.items()}
+
+
+def _module_of(key: str) -> str:
+    """`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` -> `q_proj`."""
+    parts = key.split(".")
+    for marker in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
+        if marker in parts:
+            return parts[parts.index(marker) - 1]
+    return parts[-2] if len(parts) > 1 else key
+
+
+def _base_config(base_model: str) -> dict | None:
+    from maps_train.models import resolve_model
+
+    folder = Path(resolve_model(base_model))
+    config = folder / "config.json"
+    if not config.is_file():
+        return None  # an online hub id: nothing local to compare against
+    raw = json.loads(config.read_text())
+    return raw.get("text_config", raw)
+
+
+def _expected_in_features(config: dict) -> dict[str, int]:
+    hidden = config["hidden_size"]
+    heads, head_dim = config["num_attention_heads"], config.get("head_dim") or hidden // config["num_attention_heads"]
+    return {
+        "q_proj": hidden,
+        "k_proj": hidden,
+        "v_proj": hidden,
+        "o_proj": heads * head_dim,
+        "gate_proj": hidden,
+        "up_proj": hidden,
+        "down_proj": config["intermediate_size"],
+    }
+
+
+def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
+    """Problems that would stop vLLM serving the adapter at `path` (empty when it is fine).
+
+    Raises `MapsTrainError` when `path` is not a PEFT adapter folder at all. With `base_model`, the LoRA input
+    sizes are also compared with that model's config (a different base or a resized model shows up there).
+    """
+    folder = Path(path)
+    config_path = folder / "adapter_config.json"
+    if not config_path.is_file():
+        raise MapsTrainError(f"{folder}: not an adapter folder (no adapter_config.json)")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise MapsTrainError(f"{config_path}: invalid JSON ({err.msg})") from None
+    problems: list[str] = []
+
+    if config.get("peft_type") != "LORA":
+        problems.append(f"peft_type is {config.get('peft_type')!r}, vLLM serves LORA adapters only")
+    rank = config.get("r")
+    if rank not in VLLM_LORA_RANKS:
+        problems.append(f"r={rank} is not a rank vLLM accepts ({', '.join(map(str, VLLM_LORA_RANKS))})")
+    for module, module_rank in (config.get("rank_pattern") or {}).items():
+        if module_rank not in VLLM_LORA_RANKS:
+            problems.append(f"rank_pattern[{module}]={module_rank} is not a rank vLLM accepts")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save={config['modules_to_save']} (vLLM loads no full-module copies)")
+    if config.get("trainable_token_indices"):
+        problems.append("trainable_token_indices is set (new token embeddings; the vocabulary must stay the base's)")
+    for flag, what in (("use_dora", "DoRA"), ("lora_bias", "LoRA bias"), ("layer_replication", "layer replication")):
+        if config.get(flag):
+            problems.append(f"{flag} is set: vLLM does not support {what}")
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
+        problems.append(f"init_lora_weights={init!r} changes the base weights when loaded; vLLM cannot serve it")
+    if not config.get("base_model_name_or_path"):
+        problems.append("base_model_name_or_path is empty (record the base model the adapter was trained on)")
+
+    targets = config.get("target_modules")
+    if isinstance(targets, str):
+        problems.append(f"target_modules is a pattern ({targets!r}); save the resolved module list")
+    else:
+        for name in targets or []:
+            if name.split(".")[-1] not in SUPPORTED_MODULES:
+                problems.append(f"target module {name!r} is not one of {', '.join(SUPPORTED_MODULES)}")
+
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not weights:
+        problems.append(f"no adapter weights ({' or '.join(WEIGHT_FILES)})")
+        shapes = {}
+    else:
+        shapes = _weight_shapes(folder)
+    vocab_keys = sorted(key for key in shapes if any(part in key.split(".") for part in VOCAB_MODULES))
+    if vocab_keys:
+        problems.append(f"weights for embed_tokens/lm_head ({vocab_keys[0]}, ...): vocabulary layers must stay frozen")
+    modules = {_module_of(key) for key in shapes} - set(VOCAB_MODULES)
+    unsupported = sorted(modules - set(SUPPORTED_MODULES))
+    if unsupported:
+        problems.append(f"weights for unsupported modules: {', '.join(unsupported)}")
+    base_config = _base_config(base_model) if base_model else None
+    expected = _expected_in_features(base_config) if base_config else {}
+    for key, shape in sorted(shapes.items()):
+        if ".lora_A." in key and len(shape) == 2:
+            module = _module_of(key)
+            module_rank = (config.get("rank_pattern") or {}).get(module, rank)
+            if shape[0] != module_rank:
+                problems.append(f"{key}: rank {shape[0]} differs from r={module_rank} in adapter_config.json")
+                break
+            if module in expected and shape[1] != expected[module]:
+                problems.append(
+                    f"{key}: input size {shape[1]} does not match {base_model} ({module} takes {expected[module]})"
+                )
+                break
+
+    tokenizer_files = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if tokenizer_files:
+        problems.append(f"tokenizer files beside the adapter ({', '.join(tokenizer_files)}): vLLM warns; remove them")
+    return problems
+
+
+def require_valid_adapter(path: str | Path, base_model: str | None = None) -> None:
+    """`check_adapter`, raising one `MapsTrainError` line listing every problem."""
+    problems = check_adapter(path, base_model)
+    if problems:
+        raise MapsTrainError(f"{path}: adapter vLLM would not serve: " + "; ".join(problems))

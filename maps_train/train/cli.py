@@ -1,0 +1,55 @@
+"""`maps-train train RECIPE` (one `accelerate launch` per adapter) and `maps-train adapters check DIR...`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        recipe: str = typer.Argument(..., help="A recipe YAML (recipes/distill/*.yaml)."),
+        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.max_steps=100"),
+        role: str = typer.Option("all", "--role", help="An adapter name, 'shared', or 'all'."),
+        accelerate_config: str = typer.Option(
+            None, "--accelerate-config", help="recipes/accelerate/*.yaml (default: train.accelerate_config)."
+        ),
+        num_processes: int = typer.Option(
+            None, "--num-processes", help="Ranks to start (beats a config file's count; default: train.num_processes)."
+        ),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Retrain adapters that are already finished."),
+    ) -> None:
+        """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`."""
+        from maps_train.train.adapter_check import check_adapter
+        from maps_train.train.launch import train_all
+
+        folders = train_all(
+            recipe, role, overrides or [], accelerate_config, num_processes, overwrite, echo=typer.echo
+        )
+        for folder in folders:
+            problems = check_adapter(folder)
+            typer.echo(f"{folder}: {'ok' if not problems else '; '.join(problems)}")
+
+    adapters_app = typer.Typer(help="Trained LoRA adapters.", no_args_is_help=True)
+    app.add_typer(adapters_app, name="adapters")
+
+    @adapters_app.command("check")
+    def check(
+        folders: list[str] = typer.Argument(..., help="Adapter folders."),
+        base_model: str = typer.Option(None, "--base-model", help="Also compare layer sizes with this model."),
+    ) -> None:
+        """Check that adapters are ones vLLM multi-LoRA serves (rank, modules, no vocab changes, no tokenizer)."""
+        from maps_train.train.adapter_check import check_adapter
+
+        failed = 0
+        for folder in folders:
+            problems = check_adapter(folder, base_model)
+            if problems:
+                failed += 1
+                typer.echo(f"{folder}: {len(problems)} problem(s)")
+                for problem in problems:
+                    typer.echo(f"  - {problem}")
+            else:
+                typer.echo(f"{folder}: ok")
+        if failed:
+            raise typer.Exit(1)

@@ -1,0 +1,124 @@
+"""Per-adapter SFT sets: `<sft_dir>/<adapter>/train.jsonl` (and optional `eval.jsonl`) as `datasets.Dataset`s.
+
+Each row is TRL's conversational prompt-completion format:
+`{"prompt": [system, user messages], "completion": [assistant message], "chat_template_kwargs": {...}}`.
+Metadata columns (`question_id`, `role`, ...) are dropped here, so the trainer only sees what it tokenizes.
+Bad rows fail with one line naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from maps_train.errors import MapsTrainError
+
+SHARED_ADAPTER = "shared"
+KEPT_COLUMNS = ("prompt", "completion", "chat_template_kwargs")
+PROMPT_ROLES = ("system", "user", "assistant")
+
+
+def adapter_names(recipe) -> list[str]:
+    """The adapters a recipe trains: one per `sft_data.adapter_roles` key, or the single shared one."""
+    if recipe.train.shared_adapter:
+        return [SHARED_ADAPTER]
+    return list(recipe.sft_data.adapter_roles)
+
+
+def source_adapters(recipe, adapter: str) -> list[str]:
+    """The SFT folders whose rows train `adapter` (all of them for the shared adapter)."""
+    names = list(recipe.sft_data.adapter_roles)
+    if adapter == SHARED_ADAPTER and recipe.train.shared_adapter:
+        return names
+    if adapter not in names:
+        raise MapsTrainError(
+            f"--role {adapter}: not an adapter of this recipe (sft_data.adapter_roles has {', '.join(names)}; "
+            f"'{SHARED_ADAPTER}' needs train.shared_adapter=true)"
+        )
+    return [adapter]
+
+
+def _check_messages(value: Any, field: str, where: str, completion: bool) -> None:
+    if not isinstance(value, list) or not value:
+        raise MapsTrainError(f"{where}: '{field}' must be a non-empty list of {{role, content}} messages")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise MapsTrainError(f"{where}: {field}[{i}] must be a message with a string 'content'")
+        role = message.get("role")
+        if completion and role != "assistant":
+            raise MapsTrainError(f"{where}: {field}[{i}].role must be 'assistant', got {role!r}")
+        if not completion and role not in PROMPT_ROLES:
+            raise MapsTrainError(f"{where}: {field}[{i}].role must be one of {', '.join(PROMPT_ROLES)}, got {role!r}")
+
+
+def read_sft_rows(path: Path, default_template_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Validated rows of one JSONL file, reduced to the columns the trainer uses."""
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise MapsTrainError(f"{where}: invalid JSON ({err.msg})") from None
+            if not isinstance(raw, dict):
+                raise MapsTrainError(f"{where}: expected a JSON object per line")
+            for field in ("prompt", "completion"):
+                if field not in raw:
+                    raise MapsTrainError(f"{where}: missing field '{field}' (rows are prompt-completion messages)")
+            _check_messages(raw["prompt"], "prompt", where, completion=False)
+            _check_messages(raw["completion"], "completion", where, completion=True)
+            kwargs = raw.get("chat_template_kwargs", default_template_kwargs)
+            if not isinstance(kwargs, dict):
+                raise MapsTrainError(f"{where}: 'chat_template_kwargs' must be an object")
+            rows.append(
+                {
+                    "prompt": [{"role": m["role"], "content": m["content"]} for m in raw["prompt"]],
+                    "completion": [{"role": m["role"], "content": m["content"]} for m in raw["completion"]],
+                    "chat_template_kwargs": kwargs,
+                }
+            )
+    return rows
+
+
+def _split_path(sft_dir: str, adapter: str, split: str) -> Path:
+    return Path(sft_dir) / adapter / f"{split}.jsonl"
+
+
+def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[str, Any]]:
+    """All rows training `adapter` for `split`; a missing train file is an error, a missing eval file is not."""
+    default_kwargs = {"enable_thinking": recipe.sft_data.enable_thinking}
+    rows: list[dict[str, Any]] = []
+    for source in source_adapters(recipe, adapter):
+        path = _split_path(recipe.train.sft_dir, source, split)
+        if not path.is_file():
+            if split == "train":
+                raise MapsTrainError(
+                    f"{path}: no such SFT file (train.sft_dir={recipe.train.sft_dir}; build the SFT sets first)"
+                )
+            continue
+        rows.extend(read_sft_rows(path, default_kwargs))
+    if split == "train" and not rows:
+        raise MapsTrainError(f"{_split_path(recipe.train.sft_dir, adapter, split)}: no training rows")
+    # Arrow wants one struct type per column: rows missing a key take the recipe default (never None, which a
+    # template would read as "set"); with no keys at all the column goes (TRL would unpack a null).
+    keys = sorted({key for row in rows for key in row["chat_template_kwargs"]})
+    for row in rows:
+        kwargs = row.pop("chat_template_kwargs")
+        if keys:
+            row["chat_template_kwargs"] = {key: kwargs.get(key, default_kwargs.get(key)) for key in keys}
+    return rows
+
+
+def load_adapter_datasets(recipe, adapter: str):
+    """(train, eval or None) `datasets.Dataset`s for one adapter."""
+    from datasets import Dataset
+
+    train_rows = load_adapter_rows(recipe, adapter, "train")
+    eval_rows = load_adapter_rows(recipe, adapter, "eval")
+    train = Dataset.from_list(train_rows)
+    evaluation = Dataset.from_list(eval_rows) if eval_rows else None
+    return train, evaluation

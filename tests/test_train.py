@@ -1,0 +1,325 @@
+"""LoRA SFT per role: real TRL + PEFT steps on the tiny Qwen3 under a real 2-rank `accelerate launch` on CPU.
+
+The two slow tests start two launches in all (three per-role adapters in one launch via `--role all`, the shared
+adapter through `maps-train train`), then check the adapters the way serving needs them: the vLLM checks pass,
+PEFT loads them, and they change the base model's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from maps_train.errors import MapsTrainError
+from maps_train.recipe import load_recipe
+from maps_train.train.adapter_check import check_adapter, require_valid_adapter
+from maps_train.train.toy_sft import write_toy_sft
+
+REPO = Path(__file__).resolve().parent.parent
+ROLES = ("proposer", "writer", "consolidator")
+MAX_STEPS = 6
+
+
+def write_recipe(path: Path, sft_dir: Path, out_dir: Path, **train) -> Path:
+    raw = {
+        "name": "toy-distill",
+        "train": {
+            "student": "builtin:tiny-qwen3",
+            "sft_dir": str(sft_dir),
+            "output_dir": str(out_dir),
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "lora_dropout": 0.0,
+            "learning_rate": 1.0e-2,
+            "max_steps": MAX_STEPS,
+            "per_device_train_batch_size": 4,
+            "logging_steps": 1,
+            "max_length": 512,
+            **train,
+        },
+    }
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run(command: list[str], cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sft")
+    write_toy_sft(folder)
+    return folder
+
+
+# ---------------------------------------------------------------- data and configs (fast)
+
+
+def test_sft_rows_drop_metadata_and_shared_concatenates(sft_dir, tmp_path):
+    from maps_train.train.data import adapter_names, load_adapter_datasets
+
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out")))
+    assert adapter_names(recipe) == list(ROLES)
+    train, evaluation = load_adapter_datasets(recipe, "writer")
+    assert sorted(train.column_names) == ["chat_template_kwargs", "completion", "prompt"]
+    assert train[0]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert train[0]["completion"][0]["role"] == "assistant" and evaluation is not None
+
+    shared = load_recipe(str(tmp_path / "r.yaml"), ["train.shared_adapter=true"])
+    assert adapter_names(shared) == ["shared"]
+    shared_train, _ = load_adapter_datasets(shared, "shared")
+    sizes = [len(load_adapter_datasets(recipe, role)[0]) for role in ROLES]
+    assert len(shared_train) == sum(sizes)
+    with pytest.raises(MapsTrainError, match=r"--role answer: not an adapter of this recipe"):
+        load_adapter_datasets(recipe, "answer")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", r"bad/train.jsonl:2: invalid JSON"),
+        ('{"prompt": [{"role": "user", "content": "q"}]}', r"bad/train.jsonl:2: missing field 'completion'"),
+        (
+            '{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "user", "content": "a"}]}',
+            r"bad/train.jsonl:2: completion\[0\].role must be 'assistant'",
+        ),
+        ('{"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}', r":2: 'prompt' must be a non-empty"),
+    ],
+)
+def test_bad_sft_rows_name_file_and_line(tmp_path, line, message):
+    from maps_train.train.data import read_sft_rows
+
+    good = '{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}'
+    path = tmp_path / "bad" / "train.jsonl"
+    path.parent.mkdir()
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(MapsTrainError, match=message):
+        read_sft_rows(path, {"enable_thinking": False})
+
+
+def test_missing_sft_file_is_one_line(tmp_path):
+    from maps_train.train.data import load_adapter_datasets
+
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", tmp_path / "nowhere", tmp_path / "out")))
+    with pytest.raises(MapsTrainError, match=r"nowhere/proposer/train.jsonl: no such SFT file"):
+        load_adapter_datasets(recipe, "proposer")
+
+
+def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
+    from maps_train.train import sft
+
+    path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", bf16=True)
+    recipe = load_recipe(str(path), ["wandb.enabled=true", f"wandb.dir={tmp_path / 'wandb'}"])
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    precision = sft.choose_precision(recipe.train)
+    assert (precision.dtype, precision.bf16) == ("float32", False)  # CPU: float32 whatever the recipe says
+    args = sft.build_sft_config(recipe, "writer", precision)
+    assert args.completion_only_loss is True and args.assistant_only_loss is False
+    assert args.use_cpu is True and args.bf16 is False and args.report_to == ["wandb"]
+    assert os.environ["WANDB_PROJECT"] == "maps-train" and args.run_name == "toy-distill-writer"
+    assert Path(args.output_dir) == tmp_path / "out" / "_trainer" / "writer"
+    lora = sft.build_lora_config(recipe.train)
+    assert sorted(lora.target_modules) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    assert lora.modules_to_save is None
+    with pytest.raises(MapsTrainError, match=r"train.lora_r: 12 is not a rank vLLM serves"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=12"]).train)
+    with pytest.raises(MapsTrainError, match=r"train.sft_kwargs.not_a_field: not a trl.SFTConfig field"):
+        sft.build_sft_config(load_recipe(str(path), ["train.sft_kwargs.not_a_field=1"]), "writer", precision)
+    with pytest.raises(MapsTrainError, match=r"train.target_modules: 'embed_tokens'"):
+        sft.build_lora_config(load_recipe(str(path), ["train.target_modules=[q_proj, embed_tokens]"]).train)
+
+
+def test_distill_recipes_load_and_fit_vllm():
+    from maps_train.train.adapter_check import VLLM_LORA_RANKS
+
+    paths = sorted((REPO / "recipes" / "distill").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"}
+    for path in paths:
+        recipe = load_recipe(str(path))
+        assert recipe.train.student.startswith("Qwen/Qwen3-") and recipe.route("proposer").model == "Qwen/Qwen3-32B"
+        assert recipe.train.lora_r in VLLM_LORA_RANKS and recipe.backend.max_lora_rank >= recipe.train.lora_r
+        assert recipe.train.bf16 and recipe.wandb.enabled
+        assert (REPO / recipe.train.accelerate_config).is_file()
+    for name in ("ddp", "zero2", "zero3", "cpu2"):
+        assert yaml.safe_load((REPO / "recipes" / "accelerate" / f"{name}.yaml").read_text())["distributed_type"]
+
+
+def test_launch_command_on_cpu_starts_ranks_with_multi_gpu_flag():
+    from maps_train.train.launch import launch_command
+
+    command = launch_command("r.yaml", "writer", ["train.max_steps=3"], num_processes=2, port=29999)
+    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert "--multi_gpu" in command and command[command.index("--num_processes") + 1] == "2"
+    assert command[command.index("--mixed_precision") + 1] == "no"
+    assert command[-7:] == ["-m", "maps_train.train", "--config", "r.yaml", "--role", "writer", "train.max_steps=3"]
+    zero2 = str(REPO / "recipes/accelerate/zero2.yaml")
+    with_config = launch_command("r.yaml", "writer", accelerate_config=zero2, num_processes=4)
+    assert with_config[with_config.index("--config_file") + 1] == zero2 and "--multi_gpu" not in with_config
+    assert with_config[with_config.index("--num_processes") + 1] == "4"
+    with pytest.raises(MapsTrainError, match=r"nope.yaml: no such accelerate config"):
+        launch_command("r.yaml", "writer", accelerate_config="nope.yaml")
+
+
+# ---------------------------------------------------------------- adapter checks on constructed adapters
+
+
+def _peft_adapter(base: str, folder: Path, **lora) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(task_type="CAUSAL_LM", **{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], **lora})
+    get_peft_model(model, config).save_pretrained(str(folder))
+    return folder
+
+
+def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
+    good = _peft_adapter(tiny_qwen3, tmp_path / "good")
+    assert check_adapter(good, base_model=tiny_qwen3) == []
+
+    bad_rank = _peft_adapter(tiny_qwen3, tmp_path / "rank", r=4)
+    assert any("r=4 is not a rank vLLM accepts" in p for p in check_adapter(bad_rank))
+
+    saved_head = _peft_adapter(tiny_qwen3, tmp_path / "head", modules_to_save=["lm_head"])
+    problems = check_adapter(saved_head)
+    assert any("modules_to_save" in p for p in problems)
+    assert any("embed_tokens/lm_head" in p for p in problems)
+
+    embeddings = _peft_adapter(tiny_qwen3, tmp_path / "embed", target_modules=["q_proj", "embed_tokens"])
+    assert any("embed_tokens" in p for p in check_adapter(embeddings))
+
+    (good / "tokenizer.json").write_text("{}")
+    assert any("tokenizer files" in p for p in check_adapter(good))
+    (good / "tokenizer.json").unlink()
+
+    # A base with other layer sizes: the adapter's input sizes no longer fit.
+    other_base = tmp_path / "other-base"
+    other_base.mkdir()
+    config = json.loads((Path(tiny_qwen3) / "config.json").read_text())
+    (other_base / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
+    assert any("does not match" in p for p in check_adapter(good, base_model=str(other_base)))
+
+    with pytest.raises(MapsTrainError, match=r"adapter vLLM would not serve: r=4"):
+        require_valid_adapter(bad_rank)
+    with pytest.raises(MapsTrainError, match=r"not an adapter folder"):
+        check_adapter(tmp_path)
+
+    from typer.testing import CliRunner
+
+    from maps_train.cli import app
+
+    result = CliRunner().invoke(app, ["adapters", "check", str(good), str(bad_rank)])
+    assert result.exit_code == 1 and f"{good}: ok" in result.output and "r=4" in result.output
+
+
+# ---------------------------------------------------------------- real training under accelerate launch
+
+
+@pytest.fixture(scope="module")
+def per_role_adapters(sft_dir, tmp_path_factory) -> Path:
+    """Three adapters trained in one 2-rank CPU launch (`--role all`, in sequence in the same ranks)."""
+    from maps_train.train.launch import free_port
+
+    root = tmp_path_factory.mktemp("per-role")
+    recipe = write_recipe(root / "recipe.yaml", sft_dir, root / "adapters")
+    run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/cpu2.yaml",
+         "--main_process_port", str(free_port()), "-m", "maps_train.train", "--config", str(recipe), "--role", "all"]
+    )
+    return root / "adapters"
+
+
+def _logits(model, tokenizer):
+    import torch
+
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Question: who directed Cast Away?"}],
+        tokenize=False, add_generation_prompt=True, enable_thinking=False,
+    )
+    ids = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        return model(**ids).logits[0, -1].clone()
+
+
+@pytest.mark.slow
+def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adapters, tiny_qwen3):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for role in ROLES:
+        folder = per_role_adapters / role
+        summary = json.loads((folder / "train_summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["global_step"] == MAX_STEPS
+        losses = [loss for _, loss in summary["losses"]]
+        assert len(losses) == MAX_STEPS and all(math.isfinite(loss) for loss in losses)
+        assert min(losses[2:]) < losses[0], f"{role}: loss did not go down: {losses}"
+        assert summary["train_tokens_per_second"] > 0 and summary["trace_roles"]
+        assert check_adapter(folder, base_model=tiny_qwen3) == []
+        assert not (folder / "tokenizer.json").exists() and not (folder / "training_args.bin").exists()
+    assert json.loads((per_role_adapters / "consolidator" / "train_summary.json").read_text())["trace_roles"] == [
+        "answer", "consolidator"
+    ]
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    base_logits = _logits(base, tokenizer)
+    model = PeftModel.from_pretrained(base, str(per_role_adapters / "proposer"), adapter_name="proposer")
+    for role in ("writer", "consolidator"):
+        model.load_adapter(str(per_role_adapters / role), adapter_name=role)
+    per_adapter = {}
+    for role in ROLES:
+        model.set_adapter(role)
+        per_adapter[role] = _logits(model.eval(), tokenizer)
+        assert not torch.allclose(per_adapter[role], base_logits, atol=1e-5), f"{role} adapter changed nothing"
+    assert not torch.allclose(per_adapter["proposer"], per_adapter["writer"], atol=1e-5)
+    with model.disable_adapter():
+        assert torch.allclose(_logits(model, tokenizer), base_logits, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_vllm_accepts_the_adapter_config(per_role_adapters):
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.peft_helper import PEFTHelper
+
+    helper = PEFTHelper.from_local_dir(str(per_role_adapters / "writer"), max_position_embeddings=4096)
+    helper.validate_legal(LoRAConfig(max_lora_rank=8))
+    with pytest.raises(ValueError, match="greater than max_lora_rank"):
+        helper.validate_legal(LoRAConfig(max_lora_rank=1))
+
+
+@pytest.mark.slow
+def test_shared_adapter_through_the_cli_with_wandb_offline(sft_dir, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yaml", sft_dir, tmp_path / "adapters", shared_adapter=True)
+    overrides = ["wandb.enabled=true", f"wandb.dir={tmp_path / 'wandb'}", "wandb.mode=offline"]
+    command = [sys.executable, "-m", "maps_train.cli", "train", str(recipe), *overrides, "--num-processes", "2"]
+    result = run(command)
+    folder = tmp_path / "adapters" / "shared"
+    assert f"{folder}: ok" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["_trainer", "shared"]
+    summary = json.loads((folder / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["sft_sources"] == list(ROLES)
+    assert summary["trace_roles"] == ["answer", "consolidator", "proposer", "writer"]
+    assert summary["train_rows"] == sum(
+        sum(1 for _ in (sft_dir / role / "train.jsonl").open()) for role in ROLES
+    )
+    assert check_adapter(folder) == []
+    runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run was written"
+
+    again = run(command)  # finished adapters are skipped, not retrained
+    assert "already trained" in again.stdout and "accelerate.commands.launch" not in again.stdout
