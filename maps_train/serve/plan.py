@@ -104,7 +104,9 @@ def plan_server(recipe: Recipe) -> ServerPlan:
         "--host", serve.host, "--port", str(serve.port),
         "--enable-lora",
         "--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()],
-        "--max-loras", str(len(adapters)),
+        # One slot more than adapters: with every slot filled, vLLM 0.32 (CPU) served base rows of a mixed batch
+        # with the last slot's adapter; a spare slot keeps base requests on the base.
+        "--max-loras", str(len(adapters) + 1),
         "--max-lora-rank", str(max_rank),
         "--dtype", backend.dtype,
         "--max-model-len", str(backend.max_model_len),
@@ -113,6 +115,9 @@ def plan_server(recipe: Recipe) -> ServerPlan:
     ]
     if backend.enforce_eager:
         command.append("--enforce-eager")
+    if backend.structured_disable_whitespace:
+        # Small models loop on blank lines inside constrained JSON; this is engine-wide in vLLM.
+        command += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if backend.tensor_parallel_size > 1:
         command += ["--tensor-parallel-size", str(backend.tensor_parallel_size)]
     command += serve.extra_args
