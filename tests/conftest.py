@@ -21,6 +21,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
+pytest_plugins = ["fixtures_llm"]  # LLM backend fixtures (tests/ is on sys.path: rootdir conftest, no __init__)
+
 REALDATA = REPO.parent / "shared" / "realdata"
 
 

@@ -31,6 +31,7 @@ class Completion:
     adapter: str | None = None
     finish_reason: str | None = None  # "stop", "length", ...
     role: str = ""
+    constrained: bool = False  # True when a JSON schema constrained decoding (vllm, openai; never hf)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

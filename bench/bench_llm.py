@@ -1,0 +1,198 @@
+"""Benchmark the LLM backends: one batched call of N requests vs the same requests one at a time, per backend,
+and the cost of the ledger (on vs off).
+
+    .venv/bin/python bench/bench_llm.py                          # hf, vllm, openai on SmolLM2, 64 requests
+    .venv/bin/python bench/bench_llm.py --backends hf --n 16 --max-tokens 8
+
+Requests are real questions from ../shared/realdata when present (else generated ones), greedy, with a fixed
+max_tokens; half go through a random LoRA adapter (real PEFT weights) so multi-LoRA batching is measured too.
+The vLLM engine and the server never run at the same time. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+sys.path.insert(0, str(REPO / "tests"))  # server start/stop helpers shared with the test fixtures
+
+
+def questions(n: int) -> list[str]:
+    path = REPO.parent / "shared" / "realdata"
+    found = sorted(path.glob("*/*.jsonl")) if path.exists() else []
+    texts: list[str] = []
+    for file in found:
+        if "corpus" in file.parts:
+            continue
+        with file.open() as handle:
+            for line in handle:
+                row = json.loads(line)
+                if "question" in row:
+                    texts.append(row["question"])
+                if len(texts) >= n:
+                    return texts
+    return (texts + [f"What is the population of city number {i}?" for i in range(n)])[:n]
+
+
+def make_requests(n: int, max_tokens: int):
+    from maps_train.llm import ChatRequest
+
+    return [
+        ChatRequest(
+            role="writer" if i % 2 else "answer",
+            question_id=f"q{i}",
+            max_tokens=max_tokens,
+            messages=[{"role": "system", "content": "Answer in a few words."}, {"role": "user", "content": q}],
+        )
+        for i, q in enumerate(questions(n))
+    ]
+
+
+def measure(router, requests) -> dict[str, float]:
+    start = time.perf_counter()
+    batched = router.generate(requests)
+    batch_s = time.perf_counter() - start
+    start = time.perf_counter()
+    single = [router.generate([req])[0] for req in requests]
+    single_s = time.perf_counter() - start
+    tokens_b = sum(c.completion_tokens for c in batched)
+    tokens_s = sum(c.completion_tokens for c in single)
+    same = sum(a.text == b.text for a, b in zip(batched, single))
+    return {
+        "batch_s": batch_s,
+        "single_s": single_s,
+        "ratio": single_s / batch_s,
+        "batch_tok_s": tokens_b / batch_s,
+        "single_tok_s": tokens_s / single_s,
+        "same_text": same,
+    }
+
+
+def report(name: str, fig: dict[str, float], n: int) -> None:
+    print(
+        f"{name:7s} batch of {n}: {fig['batch_s']:7.2f}s ({fig['batch_tok_s']:6.1f} tok/s) | one at a time: "
+        f"{fig['single_s']:7.2f}s ({fig['single_tok_s']:6.1f} tok/s) | speed-up x{fig['ratio']:.1f} | "
+        f"same text {fig['same_text']}/{n}",
+        flush=True,
+    )
+
+
+def routes_for(kind: str, model: str, adapter: str):
+    from maps_train.recipe import RoleRoute
+
+    return {
+        "answer": RoleRoute(backend=kind, model=model),
+        "writer": RoleRoute(backend=kind, model=model, adapter=adapter),
+    }
+
+
+def bench_ledger(router_factory, requests, repeats: int) -> None:
+    """End-to-end router time with the ledger writing JSONL vs switched off, and the cost of recording alone."""
+    from maps_train.llm.ledger import CostLedger
+
+    with tempfile.TemporaryDirectory() as tmp:
+        times = {"on": [], "off": []}
+        for _ in range(repeats):
+            for mode in ("off", "on"):
+                ledger = CostLedger(Path(tmp) / "ledger.jsonl", enabled=mode == "on")
+                router = router_factory(ledger)
+                start = time.perf_counter()
+                comps = router.generate(requests)
+                times[mode].append(time.perf_counter() - start)
+                ledger.close()
+        ledger = CostLedger(Path(tmp) / "micro.jsonl")
+        start = time.perf_counter()
+        for _ in range(200):
+            ledger.record(requests, comps, "bench", 1.0)
+        per_row_us = (time.perf_counter() - start) / (200 * len(requests)) * 1e6
+        ledger.close()
+    on, off = min(times["on"]), min(times["off"])
+    print(
+        f"ledger  router.generate({len(requests)}) best of {repeats}: on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms "
+        f"(overhead {100 * (on - off) / off:+.2f}%); record() alone {per_row_us:.1f} us per request row",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="hf,vllm,openai")
+    parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--ledger-model", default="builtin:tiny-qwen3", help="fast model for the ledger overhead")
+    args = parser.parse_args()
+
+    from fixtures_llm import build_lora_adapters, free_port, start_vllm_server, stop_process
+
+    from maps_train.llm.router import Router
+    from maps_train.models import resolve_model
+    from maps_train.recipe import BackendConfig
+
+    model = resolve_model(args.model)
+    requests = make_requests(args.n, args.max_tokens)
+    config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, hf_batch_size=args.n)
+    work = Path(tempfile.mkdtemp(prefix="bench_llm_"))
+    adapter = build_lora_adapters(model, work, ["writer"])["writer"]
+    print(
+        f"model {args.model}, {args.n} requests (half via a LoRA adapter), max_tokens {args.max_tokens}, greedy",
+        flush=True,
+    )
+
+    for kind in args.backends.split(","):
+        if kind == "hf":
+            from maps_train.llm.hf_backend import HFBackend
+
+            backend = HFBackend(model, config)
+            report("hf", measure(Router(routes_for("hf", model, adapter), backends={"hf": backend}), requests), args.n)
+            backend.close()
+        elif kind == "vllm":
+            from maps_train.llm.vllm_backend import VLLMBackend
+
+            backend = VLLMBackend(model, config, max_loras=1)
+            start = time.perf_counter()
+            backend.generate(requests[:1])
+            print(f"vllm    engine start + first call {time.perf_counter() - start:.1f}s", flush=True)
+            report(
+                "vllm",
+                measure(Router(routes_for("vllm", model, adapter), backends={"vllm": backend}), requests),
+                args.n,
+            )
+            backend.close()
+        elif kind == "openai":
+            from maps_train.llm.openai_backend import OpenAIBackend
+
+            port = free_port()
+            start = time.perf_counter()
+            proc = start_vllm_server(model, {"writer": adapter}, port, work / "server.log")
+            print(f"openai  server start {time.perf_counter() - start:.1f}s", flush=True)
+            try:
+                backend = OpenAIBackend(
+                    BackendConfig(base_urls=[f"http://127.0.0.1:{port}/v1"], concurrency=64, max_model_len=2048)
+                )
+                routes = routes_for("openai", model, "writer")
+                report("openai", measure(Router(routes, backends={"openai": backend}), requests), args.n)
+                backend.close()
+            finally:
+                stop_process(proc)
+
+    from maps_train.llm.hf_backend import HFBackend
+
+    small = HFBackend(resolve_model(args.ledger_model), BackendConfig(dtype="float32", hf_batch_size=args.n))
+    small_routes = routes_for("hf", small.model_name, None)
+    small_reqs = make_requests(args.n, 4)
+    bench_ledger(lambda ledger: Router(small_routes, backends={"hf": small}, ledger=ledger), small_reqs, repeats=5)
+
+
+if __name__ == "__main__":
+    main()

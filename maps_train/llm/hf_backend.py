@@ -1,0 +1,186 @@
+"""transformers + PEFT backend: one base model on CPU (or one GPU) holding every role's LoRA adapter.
+
+A batch whose rows use different adapters runs as one `generate(..., adapter_names=[...])` call (PEFT's mixed
+adapter batches; `"__base__"` is the bare model). Prompts are left-padded. Rows are grouped by sampling settings
+(one generation config per call) and split into `hf_batch_size` chunks. JSON schemas are NOT enforced here
+(no constrained decoding): completions say `constrained=False` and callers parse tolerantly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from maps_train.errors import MapsTrainError
+from maps_train.llm.common import (
+    CallSpec,
+    adapter_dir,
+    adapter_name,
+    call_spec,
+    cut_at_stop,
+    default_route,
+    fit_prompt,
+    prompt_token_ids,
+    split_thinking,
+)
+from maps_train.llm.types import ChatRequest, Completion
+from maps_train.recipe import BackendConfig, RoleRoute
+
+BASE = "__base__"
+
+
+class HFBackend:
+    kind = "hf"
+    supports_structured_output = False
+
+    def __init__(self, model: str, config: BackendConfig | None = None, device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from maps_train.models import resolve_model
+
+        self.config = config or BackendConfig()
+        self.model_name = model
+        path = resolve_model(model)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = self.config.dtype
+        if dtype == "auto":
+            dtype = "float32" if self.device == "cpu" else "bfloat16"
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.max_model_len = min(
+            self.config.max_model_len, getattr(self.model.config, "max_position_embeddings", 1 << 30)
+        )
+        self._adapters: dict[str, str] = {}  # adapter folder -> PEFT adapter name
+
+    # -- adapters -------------------------------------------------------------------------------------------
+
+    def load_adapter(self, path: str, role: str = "?") -> str:
+        """Load a LoRA folder once (under a name derived from its folder name); returns the adapter name."""
+        if path in self._adapters:
+            return self._adapters[path]
+        folder = adapter_dir(path, role)
+        name = adapter_name(path)
+        taken = set(self._adapters.values())
+        suffix = 2
+        while name in taken or name == BASE:
+            name, suffix = f"{adapter_name(path)}_{suffix}", suffix + 1
+        from peft import PeftModel
+
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(str(folder), adapter_name=name)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
+        self.model.eval()
+        self._adapters[path] = name
+        return name
+
+    # -- generation -----------------------------------------------------------------------------------------
+
+    def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
+        routes = routes or [default_route(self.model_name)] * len(requests)
+        specs = [call_spec(req, route) for req, route in zip(requests, routes)]
+        names = [self.load_adapter(s.adapter, s.request.role) if s.adapter else BASE for s in specs]
+        results: list[Completion | None] = [None] * len(specs)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, spec in enumerate(specs):
+            groups[spec.sampling_key()].append(i)
+        size = max(1, self.config.hf_batch_size)
+        for rows in groups.values():
+            for start in range(0, len(rows), size):
+                chunk = rows[start : start + size]
+                for i, comp in zip(chunk, self._generate_chunk([specs[i] for i in chunk], [names[i] for i in chunk])):
+                    results[i] = comp
+        return results  # type: ignore[return-value]
+
+    def _generate_chunk(self, specs: list[CallSpec], names: list[str]) -> list[Completion]:
+        import torch
+        from peft import PeftModel
+
+        tok = self.tokenizer
+        prompts = [
+            fit_prompt(prompt_token_ids(tok, s), s, self.max_model_len, self.config.truncate_prompt) for s in specs
+        ]
+        width = max(len(p) for p in prompts)
+        pad = tok.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        spec = specs[0]  # the chunk shares its sampling settings
+        gen = self._generation_config(spec)
+        kwargs: dict[str, Any] = {}
+        if isinstance(self.model, PeftModel):
+            kwargs["adapter_names"] = names
+        elif any(n != BASE for n in names):
+            raise MapsTrainError("hf backend: an adapter was requested but none is loaded")
+        if spec.stop:
+            kwargs.update(stop_strings=spec.stop, tokenizer=tok)
+        if spec.temperature > 0 and spec.seed is not None:
+            torch.manual_seed(spec.seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen, **kwargs)
+        latency = time.perf_counter() - start
+        eos_ids = set(_as_list(gen.eos_token_id))
+        completions = []
+        for row, (s, name) in enumerate(zip(specs, names)):
+            new = out[row, width:].tolist()
+            finish = "length"
+            for j, t in enumerate(new):
+                if t in eos_ids:
+                    new, finish = new[: j + 1], "stop"
+                    break
+            else:
+                # generate pads rows that finished early on a stop string; drop the padding
+                while new and new[-1] == pad and pad not in eos_ids:
+                    new.pop()
+            text = tok.decode(new, skip_special_tokens=True)
+            text, stopped = cut_at_stop(text, s.stop)
+            if stopped:
+                finish = "stop"
+            answer, reasoning = split_thinking(text)
+            completions.append(
+                Completion(
+                    text=answer,
+                    reasoning=reasoning,
+                    prompt_tokens=len(prompts[row]),
+                    completion_tokens=len(new),
+                    latency_s=latency,
+                    model=self.model_name,
+                    adapter=None if name == BASE else name,
+                    finish_reason=finish,
+                    role=s.request.role,
+                    constrained=False,
+                )
+            )
+        return completions
+
+    def _generation_config(self, spec: CallSpec):
+        import copy
+
+        gen = copy.deepcopy(self.model.generation_config)
+        gen.max_new_tokens = spec.max_tokens
+        gen.max_length = None
+        gen.pad_token_id = self.tokenizer.pad_token_id
+        if gen.eos_token_id is None:
+            gen.eos_token_id = self.tokenizer.eos_token_id
+        if spec.temperature > 0:
+            gen.do_sample, gen.temperature, gen.top_p = True, spec.temperature, spec.top_p
+        else:
+            gen.do_sample, gen.temperature, gen.top_p, gen.top_k = False, None, None, None
+        return gen
+
+    def close(self) -> None:
+        self.model = None
+        import gc
+
+        gc.collect()
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

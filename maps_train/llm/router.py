@@ -1,0 +1,128 @@
+"""The router: role -> route (backend, base model, adapter, sampling) from the recipe, one batched backend call
+per engine, completions back in request order, every call written to the cost ledger.
+
+Roles whose routes share a backend kind and base model share one engine (`engine_key`); the openai backend is
+one client for every route (the adapter is picked per request with `model=NAME`). Engines are created on first
+use and freed by `close()`.
+
+    router = build_router(recipe, ledger=CostLedger("runs/x/ledger.jsonl"))
+    completions = router.generate([ChatRequest(role="proposer", messages=[...], question_id="q1"), ...])
+
+Tests and benchmarks that already hold an engine pass it in: `Router(routes, backends={"vllm": engine})`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from maps_train.errors import MapsTrainError
+from maps_train.llm.common import adapter_dir
+from maps_train.llm.ledger import CostLedger
+from maps_train.llm.types import ChatRequest, Completion
+from maps_train.recipe import BackendConfig, Recipe, RoleRoute
+
+BackendFactory = Callable[[str, str, list[RoleRoute]], Any]
+
+
+def engine_key(route: RoleRoute) -> str:
+    """Routes with the same key share one backend instance."""
+    return "openai" if route.backend == "openai" else f"{route.backend}:{route.model}"
+
+
+class Router:
+    def __init__(
+        self,
+        routes: Mapping[str, RoleRoute] | Recipe,
+        backends: Mapping[str, Any] | None = None,
+        factory: BackendFactory | None = None,
+        ledger: CostLedger | None = None,
+    ):
+        """`routes`: role -> route ("default" catches other roles), or a recipe. `backends`: ready backends by
+        `engine_key` or by backend kind ("vllm", "hf", "openai"); they are not closed by `close()`.
+        `factory(kind, model, routes_sharing_it)` builds missing ones on first use."""
+        self.routes: dict[str, RoleRoute] = dict(routes.roles if isinstance(routes, Recipe) else routes)
+        self._given = dict(backends or {})
+        self._factory = factory
+        self._built: dict[str, Any] = {}
+        self.ledger = ledger if ledger is not None else CostLedger(enabled=False)
+
+    def route(self, role: str) -> RoleRoute:
+        if role in self.routes:
+            return self.routes[role]
+        if "default" in self.routes:
+            return self.routes["default"]
+        raise MapsTrainError(
+            f"roles.{role}: unknown role '{role}' (routed roles: {', '.join(sorted(self.routes)) or 'none'})"
+        )
+
+    def backend(self, route: RoleRoute) -> Any:
+        key = engine_key(route)
+        for name in (key, route.backend):
+            if name in self._given:
+                return self._given[name]
+        if key not in self._built:
+            if self._factory is None:
+                raise MapsTrainError(f"roles: no backend for '{key}' and no factory to build one")
+            sharing = [r for r in self.routes.values() if engine_key(r) == key]
+            self._built[key] = self._factory(route.backend, route.model, sharing or [route])
+        return self._built[key]
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        """One batched call per engine; completions in request order."""
+        routes = [self.route(req.role) for req in requests]
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, route in enumerate(routes):
+            groups[engine_key(route)].append(i)
+        results: list[Completion | None] = [None] * len(requests)
+        for key, rows in groups.items():
+            backend = self.backend(routes[rows[0]])
+            batch = [requests[i] for i in rows]
+            start = time.perf_counter()
+            completions = backend.generate(batch, [routes[i] for i in rows])
+            elapsed = time.perf_counter() - start
+            for i, comp in zip(rows, completions):
+                comp.role = requests[i].role
+                results[i] = comp
+            self.ledger.record(batch, completions, key, elapsed)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Free the engines this router built (not the ones it was given)."""
+        for backend in self._built.values():
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+        self._built.clear()
+
+
+def make_backend(kind: str, model: str, routes: list[RoleRoute], config: BackendConfig) -> Any:
+    """Build one engine/client for every route that shares it."""
+    if kind == "hf":
+        from maps_train.llm.hf_backend import HFBackend
+
+        return HFBackend(model, config)
+    if kind == "vllm":
+        from maps_train.llm.vllm_backend import VLLMBackend
+
+        adapters = sorted({r.adapter for r in routes if r.adapter})
+        return VLLMBackend(model, config, max_loras=len(adapters), adapters=adapters)
+    if kind == "openai":
+        from maps_train.llm.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(config)
+    raise MapsTrainError(f"roles: unknown backend '{kind}' (vllm, openai, hf)")
+
+
+def build_router(recipe: Recipe, ledger: CostLedger | None = None) -> Router:
+    """A lazy router over the recipe's routes: adapter folders are checked now, engines start on first use."""
+    for role, route in recipe.roles.items():
+        if route.backend not in ("vllm", "openai", "hf"):
+            raise MapsTrainError(f"roles.{role}.backend: unknown backend '{route.backend}' (vllm, openai, hf)")
+        if route.adapter and route.backend in ("vllm", "hf"):
+            adapter_dir(route.adapter, role)
+    return Router(
+        recipe, factory=lambda kind, model, routes: make_backend(kind, model, routes, recipe.backend), ledger=ledger
+    )

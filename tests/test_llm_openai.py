@@ -1,0 +1,47 @@
+"""The OpenAI-compatible backend without a server: bounded retries end in one line, never a hang.
+(Against a real `vllm serve`, see test_llm_vllm.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fixtures_llm import free_port
+
+from maps_train.errors import MapsTrainError
+from maps_train.llm import ChatRequest
+from maps_train.llm.openai_backend import OpenAIBackend
+from maps_train.llm.router import build_router
+from maps_train.recipe import BackendConfig, Recipe, RoleRoute
+
+
+def test_unreachable_server_fails_after_bounded_retries():
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    recipe = Recipe(
+        backend=BackendConfig(base_urls=[url], max_retries=2, retry_backoff_s=0.05, request_timeout_s=2),
+        roles={"default": RoleRoute(backend="openai", adapter="writer")},
+    )
+    router = build_router(recipe)
+    start = time.perf_counter()
+    with pytest.raises(MapsTrainError, match=r"backend.base_urls: .* failed 3 times \(APIConnectionError") as err:
+        router.generate([ChatRequest(role="writer", messages=[{"role": "user", "content": "hi"}])] * 3)
+    assert "\n" not in str(err.value)
+    assert time.perf_counter() - start < 30
+    router.close()
+
+
+def test_requests_spread_least_loaded_round_robin():
+    backend = OpenAIBackend(BackendConfig(base_urls=["http://a/v1", "http://b/v1", "http://c/v1"]))
+    try:
+        picks = [backend._pick_url() for _ in range(6)]
+        assert sorted(picks) == sorted(backend.urls * 2)
+        backend.in_flight["http://a/v1"] = 3
+        backend.in_flight["http://b/v1"] = 1
+        assert {backend._pick_url() for _ in range(4)} == {"http://c/v1"}
+    finally:
+        backend.close()
+
+
+def test_empty_url_list_is_a_config_error():
+    with pytest.raises(MapsTrainError, match="backend.base_urls: empty"):
+        OpenAIBackend(BackendConfig(base_urls=[]))
