@@ -1,0 +1,267 @@
+"""`maps-train demo`: the whole pipeline on the embedded demo world, offline, on CPU.
+
+The demo adds data (`data/demo`, written by `maps_train.demo_world`) and a recipe (`recipes/demo/demo.yaml`),
+not code paths: it resolves the recipe and the suite into its output folder and runs, one after another, the
+commands a user runs, printing each one so any step can be rerun by hand:
+
+    maps-train index build --recipe R          MiniLM + FAISS over the demo corpus
+    maps-train traces R                        the teacher (SmolLM2 on vLLM, constrained decoding) on train questions
+    maps-train sft-data R                      correct, parsed traces -> one TRL set per role
+    maps-train train R --role all              three LoRA adapters, each under `accelerate launch` (2 processes)
+    maps-train serve R                         one vLLM server: the student base + the three adapters (background)
+    maps-train eval S                          teacher vs distilled vs baselines on the test questions
+
+Every step resumes, so a rerun continues where a killed demo stopped. The end writes `REPORT.md` (the eval table,
+per-role parse rates without constrained decoding before and after the adapters, student vs teacher) and prints
+where each artefact is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from maps_train.errors import MapsTrainError
+
+DEMO_RECIPE = "recipes/demo/demo.yaml"
+DEMO_SUITE = "eval/suites/demo.yaml"
+# A shortened run for tests and a first look: a few questions, one round, two training steps.
+QUICK_OVERRIDES = ["traces.limit=6", "agent.max_rounds=1", "train.max_steps=2"]
+QUICK_SAMPLE = 3
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    defaults = {
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    return env
+
+
+NOISY = ("INFO", "WARNING", "DEBUG", "(EngineCore", "(Worker", "(VllmWorker", "[rank", "warn", "Loading", "Triton",
+         "[W", "Warning:")
+
+
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "maps_train.cli", *args]
+
+
+def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str]) -> float:
+    """Run one maps-train command, its output teed to <log_dir>/<step>.log; a failure names the log."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{title.split()[0]}.log"
+    typer.echo(f"\n==> {title}\n$ maps-train {shlex.join(args)}")
+    start = time.perf_counter()
+    with log.open("a") as handle:
+        process = subprocess.Popen(_command(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert process.stdout is not None
+        for line in process.stdout:
+            handle.write(line)
+            if _worth_showing(line):
+                typer.echo("    " + line.rstrip()[:160])
+        code = process.wait()
+    elapsed = time.perf_counter() - start
+    if code != 0:
+        raise MapsTrainError(f"demo step '{title}' failed (exit {code}); see {log}")
+    typer.echo(f"    done in {elapsed:.0f}s (log: {log})")
+    return elapsed
+
+
+def _worth_showing(line: str) -> bool:
+    """Our own progress and results, not vLLM's or transformers' chatter (the step log keeps everything)."""
+    text = line.strip()
+    if not text or any(token in line for token in NOISY):
+        return False
+    return not line.startswith((" ", "\t"))  # continuation lines of warnings and tracebacks
+
+
+def prepare(out: Path, quick: bool, extra: list[str]) -> tuple[Path, Path]:
+    """The resolved recipe and suite the demo's commands run on, written into `out`."""
+    from maps_train.config import dump_yaml, to_dict
+    from maps_train.demo_world import write_demo_world
+    from maps_train.evaluate.suite import load_suite
+    from maps_train.recipe import load_recipe
+
+    if not Path("data/demo/corpus.jsonl").is_file():
+        write_demo_world("data/demo")
+    overrides = [
+        f"retrieval.index_dir={out / 'index'}", f"traces.out_dir={out / 'traces'}",
+        f"sft_data.traces_dir={out / 'traces'}", f"sft_data.out_dir={out / 'sft'}",
+        f"train.sft_dir={out / 'sft'}", f"train.output_dir={out / 'adapters'}", f"wandb.dir={out / 'wandb'}",
+    ]
+    overrides += (QUICK_OVERRIDES if quick else []) + extra
+    recipe = load_recipe(DEMO_RECIPE, overrides)
+    out.mkdir(parents=True, exist_ok=True)
+    recipe_path = out / "recipe.yaml"
+    recipe_path.write_text(f"# resolved from {DEMO_RECIPE} by `maps-train demo`\n" + dump_yaml(recipe))
+
+    suite = load_suite(DEMO_SUITE, [f"out_dir={out / 'eval'}", f"wandb.dir={out / 'wandb'}"])
+    url = f"http://{recipe.serve.host}:{recipe.serve.port}/v1"
+    raw = to_dict(suite)
+    for system in raw["systems"]:
+        system["recipe"] = str(recipe_path)
+        system["overrides"] = [o if not o.startswith("backend.base_urls=") else f"backend.base_urls=[{url}]"
+                               for o in system["overrides"]]
+    if quick:
+        for dataset in raw["datasets"]:
+            dataset["sample"] = QUICK_SAMPLE
+    suite_path = out / "suite.yaml"
+    suite_path.write_text(f"# resolved from {DEMO_SUITE} by `maps-train demo`\n" + dump_yaml(raw))
+    return recipe_path, suite_path
+
+
+def _start_server(recipe_path: Path, log_dir: Path, env: dict[str, str], timeout_s: float) -> subprocess.Popen:
+    from maps_train.recipe import load_recipe
+
+    recipe = load_recipe(str(recipe_path))
+    args = ["serve", str(recipe_path), "--log", str(log_dir / "serve-vllm.log")]
+    typer.echo(f"\n==> serve (background)\n$ maps-train {shlex.join(args)}")
+    handle = (log_dir / "serve.log").open("a")
+    process = subprocess.Popen(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    import httpx
+
+    health = f"http://{recipe.serve.host}:{recipe.serve.port}/health"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise MapsTrainError(f"demo step 'serve' exited with code {process.returncode}; see {log_dir / 'serve.log'}")
+        try:
+            if httpx.get(health, timeout=2.0).status_code == 200:
+                typer.echo(f"    healthy at {health}")
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(2.0)
+    _stop_server(process)
+    raise MapsTrainError(f"demo step 'serve': not healthy after {timeout_s:.0f}s; see {log_dir / 'serve.log'}")
+
+
+def _stop_server(process: subprocess.Popen) -> None:
+    import signal
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)  # `maps-train serve` stops vLLM cleanly on Ctrl-C
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def role_parse_rates(eval_dir: Path, system: str) -> dict[str, tuple[int, int]]:
+    """role -> (calls whose output parsed, calls) over a system's answers."""
+    rates: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for path in sorted((eval_dir / "runs" / system).glob("*/answers.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            failures = record.get("parse_failures") or {}
+            for role, usage in (record.get("cost") or {}).get("by_role", {}).items():
+                rates[role][1] += usage.get("calls", 0)
+                rates[role][0] += usage.get("calls", 0) - failures.get(role, 0)
+    return {role: (ok, total) for role, (ok, total) in rates.items()}
+
+
+def _system_totals(eval_dir: Path) -> dict[str, dict[str, float]]:
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for line in (eval_dir / "results.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        system = totals[row["system"]]
+        system["n"] += 1
+        system["cover_em"] += row.get("cover_em") or 0.0
+        system["em"] += row.get("em") or 0.0
+        system["words"] += row.get("answer_words") or 0
+        system["flops"] += row.get("compute_flops") or 0.0
+        system["tokens"] += (row["cost"].get("prompt_tokens", 0) + row["cost"].get("completion_tokens", 0))
+    return totals
+
+
+def write_report(out: Path, timings: dict[str, float]) -> Path:
+    eval_dir = out / "eval"
+    lines = ["# maps-train demo report", "",
+             "Toy scale: a 135M teacher distilled into adapters on the same 135M base, an invented world of 258",
+             "passages. The figures show the pipeline working end to end and what the adapters teach the student",
+             "(the role formats), not what a Qwen3-32B teacher and a Qwen3-4B student would reach.", ""]
+    table = eval_dir / "report.md"
+    if table.is_file():
+        lines += ["## Evaluation (maps-train eval)", "", table.read_text().strip(), ""]
+    totals = _system_totals(eval_dir)
+    lines += ["## Student vs teacher", "", "| system | questions | Cover-EM | EM | words/answer | tokens/question | "
+              "compute (GFLOP)/question |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, t in totals.items():
+        n = max(t["n"], 1)
+        lines.append(f"| {name} | {int(t['n'])} | {t['cover_em'] / n:.3f} | {t['em'] / n:.3f} | {t['words'] / n:.1f} | "
+                     f"{t['tokens'] / n:.0f} | {t['flops'] / n / 1e9:.1f} |")
+    before, after = role_parse_rates(eval_dir, "student_base_free"), role_parse_rates(eval_dir, "distilled_free")
+    lines += ["", "## What the adapters teach: role outputs that parse without constrained decoding", "",
+              "| role | student base (no adapter) | distilled (role adapter) |", "|---|---:|---:|"]
+    for role in sorted(set(before) | set(after)):
+        cells = []
+        for rates in (before, after):
+            ok, total = rates.get(role, (0, 0))
+            cells.append(f"{ok}/{total} ({100 * ok / total:.0f}%)" if total else "-")
+        lines.append(f"| {role} | {cells[0]} | {cells[1]} |")
+    lines += ["", "## Time per step (s)", "", "| step | seconds |", "|---|---:|"]
+    lines += [f"| {step} | {seconds:.0f} |" for step, seconds in timings.items()]
+    report = out / "REPORT.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, server_timeout_s: float = 600.0) -> Path:
+    env = _environment()
+    logs = out / "logs"
+    recipe_path, suite_path = prepare(out, quick, extra or [])
+    recipe = str(recipe_path)
+    timings: dict[str, float] = {}
+    timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env)
+    timings["traces"] = _run_step("traces (teacher MAPS runs)", ["traces", recipe], logs, env)
+    timings["sft-data"] = _run_step("sft-data", ["sft-data", recipe], logs, env)
+    timings["train"] = _run_step("train (3 adapters, accelerate launch)", ["train", recipe, "--role", "all"], logs, env)
+    start = time.perf_counter()
+    server = _start_server(recipe_path, logs, env, server_timeout_s)
+    timings["serve start"] = time.perf_counter() - start
+    try:
+        timings["eval"] = _run_step("eval (teacher, distilled, baselines)", ["eval", str(suite_path)], logs, env)
+    finally:
+        _stop_server(server)
+    report = write_report(out, timings)
+    artefacts = {
+        "recipe (resolved)": recipe_path, "index": out / "index", "teacher traces": out / "traces",
+        "SFT sets": out / "sft", "adapters": out / "adapters", "eval results": out / "eval" / "results.jsonl",
+        "eval tables": out / "eval" / "report.md", "Cover-EM vs cost plot": out / "eval" / "cover_em_vs_cost.png",
+        "W&B offline runs": out / "wandb", "report": report, "logs": logs,
+    }
+    typer.echo("\n==> artefacts")
+    for name, path in artefacts.items():
+        typer.echo(f"  {name:24s} {path}")
+    typer.echo(f"\n{report.read_text()}")
+    return report
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        out: str = typer.Option("runs/demo", help="Output folder (every step resumes from it)."),
+        quick: bool = typer.Option(False, "--quick", help="A shortened run: 6 train and 3 test questions, 2 steps."),
+        overrides: list[str] = typer.Argument(None, help="Dotted recipe overrides, e.g. traces.limit=30"),
+    ) -> None:
+        """The whole pipeline on the embedded demo world, offline on CPU: index, teacher traces, SFT sets, three
+        LoRA adapters, vLLM multi-LoRA serving, eval against the teacher and baselines, report."""
+        run_demo(Path(out), quick=quick, extra=overrides or [])

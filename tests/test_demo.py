@@ -1,0 +1,49 @@
+"""The main job, shortened: `maps-train demo --quick` runs every stage offline on CPU and writes its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm):
+    out = tmp_path / "demo"
+    env = dict(os.environ)
+    done = subprocess.run(
+        [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(out)],
+        cwd=repo_root, env=env, capture_output=True, text=True, timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    # Every stage left its artefact.
+    assert (out / "index" / "manifest.json").is_file()
+    traces = list((out / "traces").rglob("traces.jsonl"))
+    assert traces and sum(1 for _ in traces[0].open()) == 6
+    for adapter in ("proposer", "writer", "consolidator"):
+        assert (out / "sft" / adapter / "train.jsonl").is_file()
+        summary = json.loads((out / "adapters" / adapter / "train_summary.json").read_text())
+        assert summary.get("world_size") == 2  # trained under accelerate launch with 2 processes
+    results = [json.loads(line) for line in (out / "eval" / "results.jsonl").read_text().splitlines()]
+    systems = {row["system"] for row in results}
+    assert systems == {"teacher_maps", "distilled_maps", "vanilla_rag", "search_o1", "student_base_free",
+                       "distilled_free"}
+    assert len(results) == 6 * 3
+    assert all(row["cost"]["calls"] > 0 for row in results)
+
+    # The distilled system's calls were served by the role adapters through the vLLM server.
+    trace_path = out / "eval" / "runs" / "distilled_maps" / "demo" / "traces.jsonl"
+    calls = [call for line in trace_path.read_text().splitlines()
+             for rnd in json.loads(line)["rounds"] for call in rnd["calls"]]
+    served = {(call["role"], call["usage"]["model"]) for call in calls}
+    assert {("proposer", "proposer"), ("writer", "writer"), ("consolidator", "consolidator")} <= served
+
+    report = (out / "REPORT.md").read_text()
+    assert "Student vs teacher" in report and "without constrained decoding" in report
+    assert (out / "eval" / "cover_em_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "wandb").rglob("offline-run-*")), "no offline W&B run"
+    assert "artefacts" in done.stdout
