@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import time
 
 import typer
@@ -18,21 +19,31 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
         from maps_train.config import dump_yaml
+        from maps_train.errors import MapsTrainError
         from maps_train.recipe import load_recipe
         from maps_train.serve.plan import plan_server
         from maps_train.serve.server import VLLMServer
 
-        plan = plan_server(load_recipe(recipe, overrides or []))
+        loaded = load_recipe(recipe, overrides or [])
+        plan = plan_server(loaded)
         typer.echo("command: " + shlex.join(plan.command))
         routing = dump_yaml({"backend": {"base_urls": [plan.url]}, "roles": plan.routes})
         if dry_run:
             typer.echo("# routing for the agent (paste into a recipe):\n" + routing)
             return
-        server = VLLMServer(plan, log_path=log, timeout_s=load_recipe(recipe, overrides or []).serve.startup_timeout_s)
-        with server:
-            typer.echo(f"healthy at {plan.url}\n# routing for the agent (paste into a recipe):\n" + routing)
-            try:
+        # `kill PID` (SIGTERM) stops the server as cleanly as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
+        server = VLLMServer(plan, log_path=log, timeout_s=loaded.serve.startup_timeout_s)
+        try:
+            with server:
+                typer.echo(f"healthy at {plan.url}\n# routing for the agent (paste into a recipe):\n" + routing)
                 while server.process is not None and server.process.poll() is None:
                     time.sleep(1.0)
-            except KeyboardInterrupt:
-                typer.echo("stopping vllm serve ...")
+        except KeyboardInterrupt:
+            typer.echo("stopped vllm serve")
+            return
+        raise MapsTrainError(f"vllm serve exited on its own with code {server.process.returncode} (see --log)")
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ class ServerPlan:
     command: list[str]
     url: str
     routes: dict[str, RoleRoute]  # role -> route for the agent (backend openai, adapter = served name)
+    cpu_kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE when the server runs on vLLM-CPU
 
 
 def adapter_paths(recipe: Recipe) -> dict[str, Path]:
@@ -72,13 +72,16 @@ def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
     ranks = []
     for name, folder in adapters.items():
         config = _read_adapter_config(name, folder)
-        check_adapter(folder)
         recorded = config.get("base_model_name_or_path")
         if not _same_base(recorded, base, base_name):
             raise MapsTrainError(
                 f"adapter '{name}' ({folder}): trained on base '{recorded}', but the server base is '{base_name}' ({base})"
             )
-        ranks.append(int(config.get("r", 0)))
+        # Tokenizer files beside an adapter only make vLLM warn; every other problem would stop the server.
+        problems = [p for p in check_adapter(folder, base) if not p.startswith("tokenizer files")]
+        if problems:
+            raise MapsTrainError(f"adapter '{name}' ({folder}): vLLM would not serve it: " + "; ".join(problems))
+        ranks.append(max([int(config.get("r", 0)), *(config.get("rank_pattern") or {}).values()]))
     if not adapters:
         raise MapsTrainError("serve: the recipe names no adapters (sft_data.adapter_roles is empty)")
     max_rank = next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), None)
@@ -87,12 +90,10 @@ def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
     return base, adapters, max_rank
 
 
-def _vllm_executable() -> list[str]:
-    beside = Path(sys.executable).parent / "vllm"
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("vllm")
-    return [found] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+def _vllm_serve(base: str) -> list[str]:
+    """`vllm serve BASE`, run as the module behind it: the `vllm` console script looks up the distribution named
+    `vllm` and fails under vLLM's CPU build (distributed as `vllm-cpu`); the module works with every build."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", base]
 
 
 def plan_server(recipe: Recipe) -> ServerPlan:
@@ -100,7 +101,7 @@ def plan_server(recipe: Recipe) -> ServerPlan:
     serve, backend = recipe.serve, recipe.backend
     thinking = {"enable_thinking": recipe.sft_data.enable_thinking}
     command = [
-        *_vllm_executable(), "serve", base,
+        *_vllm_serve(base),
         "--host", serve.host, "--port", str(serve.port),
         "--enable-lora",
         "--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()],
@@ -123,7 +124,7 @@ def plan_server(recipe: Recipe) -> ServerPlan:
     command += serve.extra_args
     url = f"http://{serve.host}:{serve.port}/v1"
     return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
-                      distilled_routes(recipe, via="server", base=base))
+                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib)
 
 
 def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = None) -> dict[str, RoleRoute]:

@@ -1,0 +1,170 @@
+"""Multi-LoRA serving overhead: the same MAPS run through `vllm serve` with three role adapters vs the base alone.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_serve.py [--questions 16] [--rounds 2] [--adapters DIR]
+
+Three runs of MAPS over the demo world's test questions (BM25 retrieval, SmolLM2-135M-Instruct, structured outputs):
+  base     a plain server (no LoRA), every role on the base model
+  lora+base  the `maps-train serve` server (three adapters, plan_server + VLLMServer), every role on the base model
+  adapters the same server, each role on its own adapter (with_distilled_routes(via="server"))
+By default the adapters are r=8 on every projection with PEFT's "gaussian" init (B = 0): vLLM computes the full LoRA
+path but the outputs equal the base's, so all three runs generate the same tokens and the ratios are pure
+serving overhead. `--adapters DIR` (holding proposer/, writer/, consolidator/) uses trained adapters instead;
+their outputs differ, so compare tokens/s there. One server at a time. Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+ROLES = ("proposer", "writer", "consolidator")
+MODEL = "builtin:smollm2-135m-instruct"
+
+
+def zero_adapters(base: str, out: Path, r: int = 8) -> Path:
+    """One r=`r` adapter per role with B = 0 (PEFT's gaussian init): full LoRA compute, base outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from maps_train.train.adapter_check import SUPPORTED_MODULES
+
+    for i, role in enumerate(ROLES):
+        torch.manual_seed(i)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(SUPPORTED_MODULES),
+                            init_lora_weights="gaussian", task_type="CAUSAL_LM")
+        get_peft_model(model, config).save_pretrained(str(out / role))
+    return out
+
+
+def make_recipe(work: Path, adapters: Path, args):
+    from fixtures_llm import free_port
+
+    from maps_train.recipe import load_recipe
+
+    return load_recipe(None, [
+        "name=bench-serve",
+        f"retrieval.corpus={REPO / 'data/demo/corpus.jsonl'}", "retrieval.kind=bm25",
+        f"retrieval.index_dir={work / 'index'}", "retrieval.top_k=3",
+        "backend.dtype=float32", "backend.enforce_eager=true", "backend.max_model_len=2048",
+        f"backend.concurrency={args.concurrency}",
+        "roles.default.backend=openai", f"roles.default.model={MODEL}", f"roles.default.max_tokens={args.max_tokens}",
+        f"agent.num_directions={args.directions}", f"agent.max_rounds={args.rounds}", "agent.top_k=3",
+        "agent.max_passage_words=60", f"agent.batch_size={args.questions}",
+        f"train.student={MODEL}", f"serve.adapters_dir={adapters}", f"serve.port={free_port()}",
+        "serve.startup_timeout_s=600",
+    ])
+
+
+def base_only(plan):
+    """The plan's command without the LoRA flags: the same server, minus multi-LoRA."""
+    command, skip = [], 0
+    lora_flags = {"--max-loras": 1, "--max-lora-rank": 1, "--lora-modules": len(plan.adapters), "--enable-lora": 0}
+    for token in plan.command:
+        if skip:
+            skip -= 1
+            continue
+        if token in lora_flags:
+            skip = lora_flags[token]
+            continue
+        command.append(token)
+    return replace(plan, command=command, adapters={})
+
+
+def run_maps(recipe, url: str, questions, out: Path) -> dict:
+    from maps_train.agents.runner import run_method
+
+    recipe = replace(recipe, backend=replace(recipe.backend, base_urls=[url]))
+    if out.exists():
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    records = run_method(recipe, questions, out, progress=False)
+    wall = time.perf_counter() - start
+    total = {key: sum((r.get("cost") or {}).get(key, 0) or 0 for r in records)
+             for key in ("calls", "prompt_tokens", "completion_tokens")}
+    answers = [r["answer"] for r in records]
+    return {"wall_s": wall, **total, "tokens_per_s": total["completion_tokens"] / wall, "answers": answers}
+
+
+def warm_up(recipe, url: str) -> None:
+    """One short call per route, so adapter loading is not counted in the MAPS run."""
+    from maps_train.llm.openai_backend import OpenAIBackend
+    from maps_train.llm.types import ChatRequest
+
+    backend = OpenAIBackend(replace(recipe.backend, base_urls=[url]))
+    try:
+        routes = list({route.adapter: route for route in recipe.roles.values()}.values())
+        request = ChatRequest(role="warmup", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+        backend.generate([request] * len(routes), routes)
+    finally:
+        backend.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--directions", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--adapters", help="a folder with proposer/, writer/, consolidator/ (default: B=0 adapters)")
+    args = parser.parse_args()
+
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))  # free_port, shared with the test fixtures
+
+    from maps_train.models import resolve_model
+    from maps_train.questions import load_questions
+    from maps_train.serve import plan_server, with_distilled_routes
+    from maps_train.serve.server import VLLMServer
+
+    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    base = resolve_model(MODEL)
+    adapters = Path(args.adapters) if args.adapters else zero_adapters(base, work / "adapters")
+    recipe = make_recipe(work, adapters, args)
+    questions = load_questions(REPO / "data/demo/test.jsonl", limit=args.questions)
+    adapter_recipe = with_distilled_routes(recipe, via="server")
+    plan = plan_server(recipe)
+    print(f"{len(questions)} questions, MAPS N={args.directions}, {args.rounds} rounds, max_tokens {args.max_tokens}, "
+          f"{MODEL}, adapters {'B=0 (outputs = base)' if not args.adapters else adapters}, "
+          f"max_lora_rank {plan.max_lora_rank}", flush=True)
+
+    results = {}
+    for name, server_plan, runs in (
+        ("base server", base_only(plan), [("base", recipe)]),
+        ("lora server", plan, [("lora+base", recipe), ("adapters", adapter_recipe)]),
+    ):
+        start = time.perf_counter()
+        with VLLMServer(server_plan, log_path=work / f"{name.replace(' ', '_')}.log"):
+            print(f"{name}: healthy after {time.perf_counter() - start:.1f}s", flush=True)
+            for label, run_recipe in runs:
+                warm_up(run_recipe, plan.url)
+                results[label] = run_maps(run_recipe, plan.url, questions, work / label)
+                r = results[label]
+                print(f"  {label:10s} wall {r['wall_s']:6.1f}s  calls {r['calls']:4d}  prompt tok {r['prompt_tokens']:6d}"
+                      f"  completion tok {r['completion_tokens']:5d}  {r['tokens_per_s']:6.1f} tok/s", flush=True)
+
+    base_run = results["base"]
+    for label in ("lora+base", "adapters"):
+        r = results[label]
+        same = "same answers" if r["answers"] == base_run["answers"] else "answers differ"
+        print(f"{label} vs base: wall x{r['wall_s'] / base_run['wall_s']:.2f}, "
+              f"tokens/s x{r['tokens_per_s'] / base_run['tokens_per_s']:.2f} ({same})")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

