@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from maps_train.errors import MapsTrainError
+from maps_train.jsonl import iter_jsonl
 
 
 @dataclass
@@ -38,22 +38,13 @@ class Question:
 def iter_questions(path: str | Path, dataset: str | None = None) -> Iterator[Question]:
     """Read FlashRAG-format JSONL (`id`, `question`, `golden_answers`, `metadata`); errors name file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise MapsTrainError(f"{path}: no such questions file")
     name = dataset if dataset is not None else path.parent.name
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise MapsTrainError(f"{path}:{number}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or "question" not in row:
-                raise MapsTrainError(f"{path}:{number}: missing field 'question'")
-            if "id" not in row:
-                row = {**row, "id": f"{name}-{number}"}
-            yield Question.from_dict(row, dataset=name)
+    for number, row in iter_jsonl(path, "questions file"):
+        if "question" not in row:
+            raise MapsTrainError(f"{path}:{number}: missing field 'question'")
+        if "id" not in row:
+            row = {**row, "id": f"{name}-{number}"}
+        yield Question.from_dict(row, dataset=name)
 
 
 def load_questions(path: str | Path, dataset: str | None = None, limit: int | None = None) -> list[Question]:

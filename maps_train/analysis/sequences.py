@@ -14,7 +14,6 @@ MuSiQue sub-questions refer to earlier answers as `#1`, `#2` and many are relati
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from maps_train.errors import MapsTrainError
+from maps_train.jsonl import iter_jsonl
 
 # keep: "#1 >> capital" as written; answer: "#1" replaced by the gold answer of sub-question 1.
 References = Literal["keep", "answer"]
@@ -119,23 +119,14 @@ def load_sequences(
     if relations not in ("keep", "rewrite"):
         raise MapsTrainError(f"relations '{relations}': want keep or rewrite")
     path = Path(path)
-    if not path.is_file():
-        raise MapsTrainError(f"{path}: no such file")
     sequences = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise MapsTrainError(f"{where}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str):
-                raise MapsTrainError(f"{where}: missing field 'question'")
-            rounds = _clean_rounds(_rounds_from_row(row, where, references, relations))
-            evidence = _evidence(row.get("metadata") or {})
-            sequences.append(SubquerySequence(str(row.get("id", number)), row["question"], rounds, evidence))
+    for number, row in iter_jsonl(path):
+        where = f"{path}:{number}"
+        if not isinstance(row.get("question"), str):
+            raise MapsTrainError(f"{where}: missing field 'question'")
+        rounds = _clean_rounds(_rounds_from_row(row, where, references, relations))
+        evidence = _evidence(row.get("metadata") or {})
+        sequences.append(SubquerySequence(str(row.get("id", number)), row["question"], rounds, evidence))
     return sequences
 
 

@@ -5,12 +5,12 @@ Input: answer records (JSONL) with `rounds` per question, an int or the list of 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
+from maps_train.jsonl import iter_jsonl
 
 
 @dataclass
@@ -26,23 +26,14 @@ class StopStats:
 def load_stop_rounds(path: str | Path) -> list[tuple[str | None, int]]:
     """(method field or None, rounds) per answer record."""
     path = Path(path)
-    if not path.is_file():
-        raise MapsTrainError(f"{path}: no such answers file")
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise MapsTrainError(f"{path}:{number}: invalid JSON ({err.msg})") from None
-            rounds = row.get("rounds") if isinstance(row, dict) else None
-            if isinstance(rounds, list):
-                rounds = len(rounds)
-            if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
-                raise MapsTrainError(f"{path}:{number}: field 'rounds' must be a non-negative int or a list")
-            records.append((row.get("method"), rounds))
+    for number, row in iter_jsonl(path, "answers file"):
+        rounds = row.get("rounds")
+        if isinstance(rounds, list):
+            rounds = len(rounds)
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+            raise MapsTrainError(f"{path}:{number}: field 'rounds' must be a non-negative int or a list")
+        records.append((row.get("method"), rounds))
     return records
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -43,11 +43,3 @@ class Backend(Protocol):
 
     def generate(self, requests: list[ChatRequest]) -> list[Completion]: ...
 
-
-@dataclass
-class Usage:
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    by_role: dict[str, dict[str, float]] = field(default_factory=dict)
