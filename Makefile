@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 2
 export VLLM_CPU_OMP_THREADS_BIND ?= all
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"
+
+lint: install
+	$(BIN)/ruff check maps_train tests bench
 
 bench: install
 	$(BIN)/python bench/run_all.py

@@ -147,7 +147,7 @@ def main() -> None:
                 break
             except MapsTrainError:  # not listening yet
                 if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit("retrieval service did not start")
+                    raise SystemExit("retrieval service did not start") from None
                 time.sleep(0.5)
         client.search(queries[:4], args.k)  # warm-up
         stream = [queries[i % len(queries)] for i in range(args.clients * args.requests_per_client)]

@@ -159,7 +159,7 @@ def main() -> None:
         start = time.perf_counter()
         with VLLMServer(server_plan, log_path=work / f"{name.replace(' ', '_')}.log"):
             print(f"{name}: healthy after {time.perf_counter() - start:.1f}s", flush=True)
-            for repeat in range(args.repeats):  # alternate the runs on one server; the best of each is kept
+            for _ in range(args.repeats):  # alternate the runs on one server; the best of each is kept
                 for label, run_recipe in runs:
                     warm_up(run_recipe, plan.url)
                     r = run_maps(run_recipe, plan.url, questions, work / label, retriever)

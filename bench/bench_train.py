@@ -146,7 +146,7 @@ def main() -> None:
         work = Path(tmp)
         sft_dir = write_data(work / "sft", args.repeat)
         for packing in (False, True):
-            for name, runner in (("plain TRL", run_plain), ("maps_train.train", run_ours)):
+            for name in ("plain TRL", "maps_train.train"):
                 rows.append([packing, name, 0, float("inf"), 0.0, float("inf")])
             for repeat in range(args.repeats):
                 for row, runner in zip(rows[-2:], (run_plain, run_ours)):

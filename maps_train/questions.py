@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
@@ -24,7 +25,7 @@ class Question:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any], dataset: str = "") -> "Question":
+    def from_dict(cls, row: dict[str, Any], dataset: str = "") -> Question:
         return cls(
             id=str(row["id"]),
             question=str(row["question"]),

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from maps_train.errors import MapsTrainError
-from maps_train.questions import Question
 from maps_train.recipe import load_recipe
 from maps_train.traces.collect import collect_traces, run_dirs
 from maps_train.traces.sft import build_sft_sets

@@ -230,7 +230,6 @@ def run_suite(
     `sample_size` replaces every data set's `sample` (a smoke run: with the same seed it is a prefix of the full
     sample, so its results count towards the full run).
     """
-    from tqdm.auto import tqdm
 
     suite_path = Path(suite_path)
     suite = load_suite(suite_path, overrides)

@@ -14,10 +14,10 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. traces.limit=100"),
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable)."""
-        from maps_train.recipe import load_recipe
-        from maps_train.traces.collect import collect_traces
         from maps_train.config import to_dict
         from maps_train.evaluate.tracking import SuiteWandbConfig, make_tracker
+        from maps_train.recipe import load_recipe
+        from maps_train.traces.collect import collect_traces
 
         loaded = load_recipe(recipe, overrides or [])
         totals = collect_traces(loaded)
