@@ -10,8 +10,6 @@ as the condenser.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from scripted_backend import ScriptedBackend
 
@@ -31,19 +29,10 @@ MAX_TOKENS = 16
 def world(tmp_path_factory, realdata, tiny_qwen3, minilm):
     """Three HotpotQA dev questions, a corpus of their paragraphs, a router and a retriever shared by every run."""
     from maps_train.retrieval.factory import build_retriever
+    from maps_train.retrieval.recall import write_paragraph_world
 
     root = tmp_path_factory.mktemp("baselines_e2e")
-    rows = [json.loads(line) for line in (realdata / "hotpotqa" / "dev.jsonl").read_text().splitlines()[:N_QUESTIONS]]
-    passages = {}
-    for row in rows:
-        for paragraph in row["metadata"]["paragraphs"]:
-            passages.setdefault(paragraph["corpus_id"], paragraph)
-    with (root / "corpus.jsonl").open("w") as handle:
-        for pid, p in passages.items():
-            handle.write(json.dumps({"id": pid, "title": p["title"], "contents": f"{p['title']}\n{p['text']}"}) + "\n")
-    with (root / "questions.jsonl").open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: row[k] for k in ("id", "question", "golden_answers")}) + "\n")
+    _, _, passages = write_paragraph_world(realdata / "hotpotqa" / "dev.jsonl", N_QUESTIONS, root)
     overrides = [
         f"retrieval.corpus={root / 'corpus.jsonl'}",
         f"retrieval.encoder={minilm}",

@@ -36,22 +36,13 @@ def small_world(tmp_path_factory, realdata, tiny_qwen3, minilm, one_torch_thread
     from maps_train.llm.router import build_router
     from maps_train.recipe import load_recipe
     from maps_train.retrieval.factory import build_retriever
+    from maps_train.retrieval.recall import write_paragraph_world
 
     root = tmp_path_factory.mktemp("maps_e2e")
-    rows = [json.loads(line) for line in (realdata / "hotpotqa" / "dev.jsonl").read_text().splitlines()[:N_QUESTIONS]]
-    passages = {}
-    for row in rows:
-        for paragraph in row["metadata"]["paragraphs"]:
-            passages.setdefault(paragraph["corpus_id"], paragraph)
-    with (root / "corpus.jsonl").open("w") as handle:
-        for pid, p in passages.items():
-            handle.write(json.dumps({"id": pid, "title": p["title"], "contents": f"{p['title']}\n{p['text']}"}) + "\n")
-    with (root / "questions.jsonl").open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: row[k] for k in ("id", "question", "golden_answers")}) + "\n")
+    corpus, _, passages = write_paragraph_world(realdata / "hotpotqa" / "dev.jsonl", N_QUESTIONS, root)
     recipe_data = {
         "name": "maps-e2e",
-        "retrieval": {"corpus": str(root / "corpus.jsonl"), "encoder": minilm, "fp16": False},
+        "retrieval": {"corpus": str(corpus), "encoder": minilm, "fp16": False},
         "backend": {"dtype": "float32", "max_model_len": 4096, "hf_batch_size": 64},
         "roles": {"default": {"backend": "hf", "model": tiny_qwen3, "max_tokens": 24}},
         "agent": {"num_directions": 2, "max_rounds": 2, "top_k": 3, "batch_size": 4, "max_passage_words": 60},
