@@ -114,6 +114,11 @@ class MapsEngine(Engine):
             context["trajectory"] = format_trajectory(run.history, self.agent.max_passage_words)
         return context
 
+    def _plan(self, run: MapsRun, role: str, prompt: str, parse, json_schema: dict, **fields: str) -> RolePlan:
+        """One call of `role` for `run`: prompt file `prompt` rendered with the shared context plus `fields`."""
+        messages = self.prompts.render(self._prompt(prompt), **fields, **self._context(run))
+        return RolePlan(run=run, role=role, messages=messages, parse=parse, json_schema=json_schema)
+
     # -- the loop --------------------------------------------------------------------------------------------
     def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
         runs = [MapsRun(question=q, letters=resolve_letters(q, self.agent.answer_mode)) for q in questions]
@@ -139,12 +144,13 @@ class MapsEngine(Engine):
         n = self.agent.num_directions
         if not self.agent.use_directions:
             plans = [
-                RolePlan(
-                    run=run,
-                    role="writer",
-                    messages=self.prompts.render(self._prompt("writer_direct"), num_queries=n, **self._context(run)),
-                    parse=partial(parse_queries, n=n, question=run.question.question),
-                    json_schema=queries_schema(n),
+                self._plan(
+                    run,
+                    "writer",
+                    "writer_direct",
+                    partial(parse_queries, n=n, question=run.question.question),
+                    queries_schema(n),
+                    num_queries=str(n),
                 )
                 for run in active
             ]
@@ -154,12 +160,13 @@ class MapsEngine(Engine):
             return
 
         plans = [
-            RolePlan(
-                run=run,
-                role="proposer",
-                messages=self.prompts.render(self._prompt("proposer"), num_directions=n, **self._context(run)),
-                parse=partial(parse_directions, n=n, question=run.question.question),
-                json_schema=directions_schema(n),
+            self._plan(
+                run,
+                "proposer",
+                "proposer",
+                partial(parse_directions, n=n, question=run.question.question),
+                directions_schema(n),
+                num_directions=str(n),
             )
             for run in active
         ]
@@ -168,12 +175,8 @@ class MapsEngine(Engine):
             plan.run.current.directions = list(parsed.value["directions"])
 
         plans = [
-            RolePlan(
-                run=run,
-                role="writer",
-                messages=self.prompts.render(self._prompt("writer"), direction=direction, **self._context(run)),
-                parse=partial(parse_query, direction=direction),
-                json_schema=query_schema(),
+            self._plan(
+                run, "writer", "writer", partial(parse_query, direction=direction), query_schema(), direction=direction
             )
             for run in active
             for direction in run.current.directions
@@ -195,18 +198,15 @@ class MapsEngine(Engine):
 
     def _consolidate(self, active: list[MapsRun]) -> None:
         plans = [
-            RolePlan(
-                run=run,
-                role="consolidator",
-                messages=self.prompts.render(
-                    self._prompt("consolidator"),
-                    evidence=format_passages(run.evidence, self.agent.max_passage_words),
-                    **self._context(run),
-                ),
-                parse=partial(
+            self._plan(
+                run,
+                "consolidator",
+                "consolidator",
+                partial(
                     parse_consolidation, previous_state=run.state, fallback_observation=first_sentences(run.evidence)
                 ),
-                json_schema=consolidation_schema(),
+                consolidation_schema(),
+                evidence=format_passages(run.evidence, self.agent.max_passage_words),
             )
             for run in active
         ]
@@ -222,23 +222,21 @@ class MapsEngine(Engine):
                 run.history.append((run.current, run.evidence))
 
     def _answer(self, runs: list[MapsRun]) -> None:
-        plans = []
-        for run in runs:
-            if run.letters:
-                messages = self.prompts.render(
-                    self._prompt("answer_choice"), letters=", ".join(run.letters), **self._context(run)
-                )
-            else:
-                messages = self.prompts.render(self._prompt("answer_short"), **self._context(run))
-            plans.append(
-                RolePlan(
-                    run=run,
-                    role="answer",
-                    messages=messages,
-                    parse=partial(parse_answer, letters=run.letters),
-                    json_schema=answer_schema(run.letters),
-                )
+        plans = [
+            self._plan(
+                run,
+                "answer",
+                "answer_choice",
+                partial(parse_answer, letters=run.letters),
+                answer_schema(run.letters),
+                letters=", ".join(run.letters),
             )
+            if run.letters
+            else self._plan(
+                run, "answer", "answer_short", partial(parse_answer, letters=run.letters), answer_schema(run.letters)
+            )
+            for run in runs
+        ]
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.final_call = call
             plan.run.final_answer = parsed.value["answer"]
