@@ -60,7 +60,7 @@ def make_lora_adapters(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
 
     def make(base: str, names: list[str], r: int = 8) -> dict[str, str]:
-        return build_lora_adapters(base, root / Path(base).name, names, r=r)
+        return build_lora_adapters(base, root / f"{Path(base).name}-r{r}", names, r=r)
 
     return make
 

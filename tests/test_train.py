@@ -134,8 +134,11 @@ def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     assert lora.modules_to_save is None
-    with pytest.raises(MapsTrainError, match=r"train.lora_r: 12 is not a rank vLLM serves"):
-        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=12"]).train)
+    assert sft.build_lora_config(load_recipe(str(path), ["train.lora_r=12"]).train).r == 12  # padded by vLLM
+    with pytest.raises(MapsTrainError, match=r"train.lora_r: 1024 exceeds the largest rank vLLM serves \(512\)"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=1024"]).train)
+    with pytest.raises(MapsTrainError, match=r"train.lora_r: 0 is not a positive integer rank"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=0"]).train)
     with pytest.raises(MapsTrainError, match=r"train.sft_kwargs.not_a_field: not a trl.SFTConfig field"):
         sft.build_sft_config(load_recipe(str(path), ["train.sft_kwargs.not_a_field=1"]), "writer", precision)
     with pytest.raises(MapsTrainError, match=r"train.target_modules: 'embed_tokens'"):
@@ -191,8 +194,12 @@ def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
     good = _peft_adapter(tiny_qwen3, tmp_path / "good")
     assert check_adapter(good, base_model=tiny_qwen3) == []
 
-    bad_rank = _peft_adapter(tiny_qwen3, tmp_path / "rank", r=4)
-    assert any("r=4 is not a rank vLLM accepts" in p for p in check_adapter(bad_rank))
+    odd_rank = _peft_adapter(tiny_qwen3, tmp_path / "rank", r=4)  # not a --max-lora-rank choice, still served
+    assert check_adapter(odd_rank) == []
+    config_path = odd_rank / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "r": 1024}))
+    bad_rank = odd_rank
+    assert any("r: 1024 exceeds the largest rank vLLM serves" in p for p in check_adapter(bad_rank))
 
     saved_head = _peft_adapter(tiny_qwen3, tmp_path / "head", modules_to_save=["lm_head"])
     problems = check_adapter(saved_head)
@@ -213,7 +220,7 @@ def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
     (other_base / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
     assert any("does not match" in p for p in check_adapter(good, base_model=str(other_base)))
 
-    with pytest.raises(MapsTrainError, match=r"adapter vLLM would not serve: r=4"):
+    with pytest.raises(MapsTrainError, match=r"adapter vLLM would not serve: r: 1024 exceeds"):
         require_valid_adapter(bad_rank)
     with pytest.raises(MapsTrainError, match=r"not an adapter folder"):
         check_adapter(tmp_path)
@@ -223,7 +230,7 @@ def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
     from maps_train.cli import app
 
     result = CliRunner().invoke(app, ["adapters", "check", str(good), str(bad_rank)])
-    assert result.exit_code == 1 and f"{good}: ok" in result.output and "r=4" in result.output
+    assert result.exit_code == 1 and f"{good}: ok" in result.output and "r: 1024" in result.output
 
 
 # ---------------------------------------------------------------- real training under accelerate launch

@@ -13,7 +13,6 @@ from maps_train.models.resolve import resolve_model
 from maps_train.recipe import Recipe, RoleRoute
 
 # vLLM accepts only these LoRA ranks for --max-lora-rank.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass
@@ -64,7 +63,7 @@ def _same_base(recorded: str | None, base: str, base_name: str) -> bool:
 
 def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
     """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank."""
-    from maps_train.train.adapter_check import check_adapter
+    from maps_train.train.adapter_check import VLLM_LORA_RANKS, check_adapter
 
     base_name = recipe.serve.base_model or recipe.train.student
     base = resolve_model(base_name)

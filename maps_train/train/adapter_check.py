@@ -1,7 +1,8 @@
 """Is a saved LoRA adapter one that vLLM's multi-LoRA serving loads? Checked from its files, without vLLM.
 
 What vLLM (0.32-0.33) refuses or mishandles, mirrored here so a bad adapter fails right after training rather
-than when the server starts: a rank outside its `max_lora_rank` choices; `modules_to_save` (full copies of
+than when the server starts: a rank above its largest `max_lora_rank` (any r up to the server's
+`--max-lora-rank` loads; `maps-train serve` picks the smallest allowed value that covers every adapter); `modules_to_save` (full copies of
 embed_tokens / lm_head) and weights for embed_tokens / lm_head (Qwen3 has no LoRA there, and a resized vocabulary
 would not match the served base); DoRA, LoRA bias, layer replication, init schemes that change the base weights;
 target modules other than the attention and MLP projections. It also wants the base model recorded and no
@@ -15,7 +16,17 @@ from pathlib import Path
 
 from maps_train.errors import MapsTrainError
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
+
+
+def rank_problem(rank: object) -> str | None:
+    """Why vLLM could not serve a LoRA of this rank (None when it can): a positive int no larger than the largest
+    `--max-lora-rank`. vLLM pads every adapter to the server's max rank, so r need not be one of the choices."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        return f"{rank!r} is not a positive integer rank"
+    if rank > VLLM_LORA_RANKS[-1]:
+        return f"{rank} exceeds the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})"
+    return None
 SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VOCAB_MODULES = ("embed_tokens", "lm_head")
 TOKENIZER_FILES = (
@@ -95,12 +106,11 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
 
     if config.get("peft_type") != "LORA":
         problems.append(f"peft_type is {config.get('peft_type')!r}, vLLM serves LORA adapters only")
-    rank = config.get("r")
-    if rank not in VLLM_LORA_RANKS:
-        problems.append(f"r={rank} is not a rank vLLM accepts ({', '.join(map(str, VLLM_LORA_RANKS))})")
+    if (why := rank_problem(config.get("r"))) is not None:
+        problems.append(f"r: {why}")
     for module, module_rank in (config.get("rank_pattern") or {}).items():
-        if module_rank not in VLLM_LORA_RANKS:
-            problems.append(f"rank_pattern[{module}]={module_rank} is not a rank vLLM accepts")
+        if (why := rank_problem(module_rank)) is not None:
+            problems.append(f"rank_pattern[{module}]: {why}")
     if config.get("modules_to_save"):
         problems.append(f"modules_to_save={config['modules_to_save']} (vLLM loads no full-module copies)")
     if config.get("trainable_token_indices"):
@@ -140,7 +150,7 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
     for key, shape in sorted(shapes.items()):
         if ".lora_A." in key and len(shape) == 2:
             module = _module_of(key)
-            module_rank = (config.get("rank_pattern") or {}).get(module, rank)
+            module_rank = (config.get("rank_pattern") or {}).get(module, config.get("r"))
             if shape[0] != module_rank:
                 problems.append(f"{key}: rank {shape[0]} differs from r={module_rank} in adapter_config.json")
                 break

@@ -80,12 +80,10 @@ def lora_target_modules(train) -> list[str] | str:
 def build_lora_config(train):
     from peft import LoraConfig
 
-    from maps_train.train.adapter_check import VLLM_LORA_RANKS
+    from maps_train.train.adapter_check import rank_problem
 
-    if train.lora_r not in VLLM_LORA_RANKS:
-        raise MapsTrainError(
-            f"train.lora_r: {train.lora_r} is not a rank vLLM serves ({', '.join(map(str, VLLM_LORA_RANKS))})"
-        )
+    if (why := rank_problem(train.lora_r)) is not None:
+        raise MapsTrainError(f"train.lora_r: {why}")
     return LoraConfig(
         r=train.lora_r,
         lora_alpha=train.lora_alpha,
