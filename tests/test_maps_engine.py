@@ -79,7 +79,11 @@ def test_no_decoupling_ablation_shows_the_trajectory():
 
 def test_one_batched_call_per_role_per_step_across_questions():
     engine, backend, retriever = make_engine(["agent.max_rounds=2"])
+    steps = []
+    engine.on_step = steps.append  # what the runner's progress bar shows
     traces = engine.run_batch(questions(4))
+    one_round = ["proposer x4", "writer x12", "search x12", "consolidator x4"]
+    assert steps == one_round * 2 + ["answer x4"]
     # 2 steps x (proposer, writer, consolidator) + 1 answer call: every call holds one role only.
     assert backend.batch_roles() == [["proposer"], ["writer"], ["consolidator"]] * 2 + [["answer"]]
     sizes = [len(batch) for batch in backend.batches]

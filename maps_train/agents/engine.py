@@ -123,6 +123,9 @@ class Engine:
         # Step counters, for tests and benchmarks: how many batched calls the engine made.
         self.generate_calls = 0
         self.search_calls = 0
+        # Called before each batched step with a short description ("proposer x12"); the runner shows it on its
+        # progress bar, so a long batch is not silent until its questions finish.
+        self.on_step: Callable[[str], None] | None = None
 
     # -- what a method defines -------------------------------------------------------------------------------
     def prompt_names(self) -> list[str]:
@@ -156,6 +159,8 @@ class Engine:
             for plan in plans
         ]
         self.generate_calls += 1
+        if self.on_step is not None:
+            self.on_step(f"{'/'.join(dict.fromkeys(plan.role for plan in plans))} x{len(plans)}")
         completions = self.backend.generate(requests)
         if len(completions) != len(requests):
             raise MapsTrainError(f"backend returned {len(completions)} completions for {len(requests)} requests")
@@ -195,6 +200,8 @@ class Engine:
             return []
         unique = list(dict.fromkeys(query for _, query in requests))
         self.search_calls += 1
+        if self.on_step is not None:
+            self.on_step(f"search x{len(unique)}")
         start = time.perf_counter()
         results = self.retriever.search(unique, k)
         elapsed = time.perf_counter() - start

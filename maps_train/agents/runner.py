@@ -103,6 +103,8 @@ def run_method(
         unit="q",
         disable=not progress,
     )
+    if engine is not None and progress:
+        engine.on_step = lambda step: bar.set_postfix_str(f"step {engine.generate_calls + engine.search_calls}: {step}")
     batch_size = max(1, recipe.agent.batch_size)
     try:
         with answers, traces:
