@@ -1,18 +1,19 @@
 """MAPS engine throughput: a batch of questions advanced together (one backend call per role per step, one search
 per step) vs the same questions one at a time, on the same backend and retriever.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_agent.py [--questions 64] [--rounds 3] [--directions 3]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_agent.py [--backend hf|vllm] [--questions 64] [--rounds 3]
 
-Backend: the tiny Qwen3 through the hf backend (build_router); retrieval: MiniLM + a flat FAISS index over the
-paragraphs of the first HotpotQA dev questions (../shared/realdata). The tiny model has random weights: it never
-says "sufficient", so every question runs `--rounds` rounds in both modes and the work is the same. Prints
-figures and the ratio; nothing is asserted.
+Backends: `hf` = the tiny Qwen3 through transformers (random weights: it never says "sufficient", so every question
+runs `--rounds` rounds in both modes and the work is the same); `vllm` = SmolLM2-135M-Instruct on the vLLM engine
+with the role JSON schemas (constrained decoding), as the demo's teacher: a real model may stop early, so the two
+modes can do different work: compare the role calls and tokens printed beside the times. Retrieval: MiniLM + a
+flat FAISS index over the paragraphs of the first HotpotQA dev questions (../shared/realdata). Prints figures and
+the ratio; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -23,21 +24,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
 REALDATA = REPO.parent / "shared" / "realdata"
-
-
-def write_world(root: Path, n: int) -> Path:
-    rows = [json.loads(line) for line in (REALDATA / "hotpotqa" / "dev.jsonl").read_text().splitlines()[:n]]
-    passages = {}
-    for row in rows:
-        for paragraph in row["metadata"]["paragraphs"]:
-            passages.setdefault(paragraph["corpus_id"], paragraph)
-    with (root / "corpus.jsonl").open("w") as handle:
-        for pid, p in passages.items():
-            handle.write(json.dumps({"id": pid, "title": p["title"], "contents": f"{p['title']}\n{p['text']}"}) + "\n")
-    with (root / "questions.jsonl").open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: row[k] for k in ("id", "question", "golden_answers")}) + "\n")
-    return root
 
 
 class Timed:
@@ -75,6 +61,7 @@ def run(recipe, questions, out, router, retriever, batch_size):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--directions", type=int, default=3)
@@ -91,18 +78,29 @@ def main() -> None:
     from maps_train.questions import load_questions
     from maps_train.recipe import load_recipe
     from maps_train.retrieval.factory import build_retriever
+    from maps_train.retrieval.recall import write_paragraph_world
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    root = write_world(Path(tempfile.mkdtemp(prefix="bench_agent_")), args.questions)
+    root = Path(tempfile.mkdtemp(prefix="bench_agent_"))
+    write_paragraph_world(REALDATA / "hotpotqa" / "dev.jsonl", args.questions, root)
     overrides = [
         f"retrieval.corpus={root / 'corpus.jsonl'}",
         "retrieval.encoder=builtin:minilm-l6",
         "retrieval.fp16=false",
         "backend.dtype=float32",
         "backend.hf_batch_size=64",
-        "roles.default.backend=hf",
-        f"roles.default.model={resolve_model('builtin:tiny-qwen3')}",
+        *(
+            ["roles.default.backend=hf", f"roles.default.model={resolve_model('builtin:tiny-qwen3')}"]
+            if args.backend == "hf"
+            else [
+                "roles.default.backend=vllm",
+                "roles.default.model=builtin:smollm2-135m-instruct",
+                "roles.default.structured=true",
+                "backend.max_model_len=4096",
+                "backend.enforce_eager=true",
+            ]
+        ),
         f"roles.default.max_tokens={args.max_tokens}",
         f"agent.max_rounds={args.rounds}",
         f"agent.num_directions={args.directions}",
@@ -116,7 +114,7 @@ def main() -> None:
     run(recipe, questions[:2], root / "warmup", router, retriever, 2)  # load the model, warm the kernels
 
     print(
-        f"{len(questions)} questions, {args.rounds} rounds, N={args.directions}, top-{args.top_k}, "
+        f"{args.backend}: {len(questions)} questions, {args.rounds} rounds, N={args.directions}, top-{args.top_k}, "
         f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, torch threads {torch.get_num_threads()}"
     )
     results = {}
