@@ -52,6 +52,12 @@ def test_directions_exact_count_is_ok_and_anything_else_is_a_counted_failure():
     assert not prose.ok and prose.value["directions"] == ["Find the author", "Find the birthplace"]
     nothing = parse_directions("", 3, "Q?")
     assert not nothing.ok and nothing.value["directions"] == ["Q?"] and "fallback" in nothing.error
+    # Placeholders copied from the prompt's reply form are not directions (seen from a 135M teacher).
+    copied = parse_directions('{"directions": ["...", "Find the river"]}', 2, "Q?")
+    assert not copied.ok and copied.value["directions"] == ["Find the river"]
+    only_dots = parse_directions('{"directions": ["...", ", "]}', 2, "Q?")
+    assert not only_dots.ok and only_dots.value["directions"] == ["Q?"]
+    assert parse_directions('{"directions": ["Qui a écrit ?", "Où ?"]}', 2, "Q?").ok  # letters of any script
 
 
 def test_query_fallbacks():
@@ -60,6 +66,8 @@ def test_query_fallbacks():
     assert not recovered.ok and recovered.value["query"] == "birthplace of Eiff"
     fallback = parse_query("???", "the direction")
     assert not fallback.ok and fallback.value["query"] == "the direction"
+    placeholder = parse_query('{"query": "..."}', "the direction")
+    assert not placeholder.ok and placeholder.value["query"] == "the direction"
 
 
 def test_consolidation_parsing():
@@ -71,6 +79,8 @@ def test_consolidation_parsing():
     assert not missing_state.ok and missing_state.value["state"] == "old"
     garbage = parse_consolidation("{{{{", "old", "first sentences")
     assert garbage.value == {"observation": "first sentences", "state": "old", "sufficient": False}
+    dots = parse_consolidation('{"observation": "...", "state": ", ", "sufficient": true}', "old", "ev")
+    assert not dots.ok and dots.value == {"observation": "ev", "state": "old", "sufficient": True}
 
 
 def test_answer_parsing_short_and_choice():

@@ -4,7 +4,8 @@ fallback, so a malformed output never stops a run.
 Every string is bounded by `maxLength` and every array by `maxItems`: small models under constrained decoding
 otherwise repeat a string until the token limit. A parse is `ok` only when the text held JSON that satisfies the
 schema; anything recovered otherwise (a field cut off mid-string, list lines in prose, the role's fallback) is
-used but counted as a parse failure, so SFT filtering can keep only clean teacher outputs.
+used but counted as a parse failure, so SFT filtering can keep only clean teacher outputs. A string with no
+letter or digit (a placeholder such as "..." copied from the prompt, or ", ") counts as missing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from maps_train.agents.jsonparse import (
     find_json_object,
     list_items,
 )
+
+
+def has_content(value: object) -> bool:
+    """A string that says something: at least one letter or digit (any script)."""
+    return isinstance(value, str) and any(ch.isalnum() for ch in value)
+
 
 # Character bounds of each field (also what the prompts promise the model).
 DIRECTION_MAX_CHARS = 300
@@ -91,7 +98,7 @@ def parse_string_list(text: str, key: str, n: int, max_chars: int, fallback: str
     obj = find_json_object(text)
     raw_items = obj.get(key) if isinstance(obj, dict) else None
     if isinstance(raw_items, list):
-        items = [clean_text(v, max_chars) for v in raw_items if isinstance(v, str) and v.strip()]
+        items = [clean_text(v, max_chars) for v in raw_items if has_content(v)]
         unique = _dedupe(items)
         if items and len(raw_items) == n and len(items) == n:
             notes = ["duplicate items dropped"] if len(unique) < len(items) else []
@@ -101,7 +108,7 @@ def parse_string_list(text: str, key: str, n: int, max_chars: int, fallback: str
                 {key: unique[:n]}, ok=False, error=f"expected {n} non-empty strings in '{key}', got {len(items)}"
             )
     recovered = extract_string_list(text, key) or list_items(text)
-    recovered = _dedupe([clean_text(v, max_chars) for v in recovered])[:n]
+    recovered = _dedupe([clean_text(v, max_chars) for v in recovered if has_content(v)])[:n]
     if recovered:
         return Parsed(
             {key: recovered}, ok=False, error=f"no valid JSON '{key}' list; recovered {len(recovered)} from text"
@@ -120,10 +127,10 @@ def parse_queries(text: str, n: int, question: str) -> Parsed:
 def parse_query(text: str, direction: str) -> Parsed:
     obj = find_json_object(text)
     value = obj.get("query") if isinstance(obj, dict) else None
-    if isinstance(value, str) and value.strip():
+    if has_content(value):
         return Parsed({"query": clean_text(value, QUERY_MAX_CHARS)}, ok=True)
     partial = extract_string_field(text, "query")
-    if partial:
+    if has_content(partial):
         return Parsed({"query": clean_text(partial, QUERY_MAX_CHARS)}, ok=False, error="broken JSON; 'query' recovered")
     fallback = clean_text(direction, QUERY_MAX_CHARS)
     return Parsed({"query": fallback}, ok=False, error="no 'query' found; fallback: the direction text")
@@ -135,13 +142,7 @@ def parse_consolidation(text: str, previous_state: str, fallback_observation: st
     obj = find_json_object(text)
     if isinstance(obj, dict):
         observation, state, sufficient = obj.get("observation"), obj.get("state"), obj.get("sufficient")
-        if (
-            isinstance(observation, str)
-            and observation.strip()
-            and isinstance(state, str)
-            and state.strip()
-            and isinstance(sufficient, bool)
-        ):
+        if has_content(observation) and has_content(state) and isinstance(sufficient, bool):
             value = {
                 "observation": clean_text(observation, OBSERVATION_MAX_CHARS),
                 "state": clean_text(state, STATE_MAX_CHARS),
@@ -153,12 +154,13 @@ def parse_consolidation(text: str, previous_state: str, fallback_observation: st
         state = extract_string_field(text, "state")
         sufficient = extract_bool_field(text, "sufficient")
     missing = []
-    if not (isinstance(observation, str) and observation.strip()):
+    if not has_content(observation):
         missing.append("observation")
         prose = clean_text(text, OBSERVATION_MAX_CHARS)
-        # Prose is a usable observation; broken JSON or nothing is not.
-        observation = prose if prose and not prose.lstrip().startswith(("{", "[", "```")) else fallback_observation
-    if not (isinstance(state, str) and state.strip()):
+        # Prose is a usable observation; broken JSON, a placeholder or nothing is not.
+        usable = has_content(prose) and not prose.lstrip().startswith(("{", "[", "```"))
+        observation = prose if usable else fallback_observation
+    if not has_content(state):
         missing.append("state")
         state = previous_state
     if isinstance(sufficient, str):
