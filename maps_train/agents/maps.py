@@ -143,36 +143,13 @@ class MapsEngine(Engine):
     def _write_sub_queries(self, active: list[MapsRun]) -> None:
         n = self.agent.num_directions
         if not self.agent.use_directions:
-            plans = [
-                self._plan(
-                    run,
-                    "writer",
-                    "writer_direct",
-                    partial(parse_queries, n=n, question=run.question.question),
-                    queries_schema(n),
-                    num_queries=str(n),
-                )
-                for run in active
-            ]
-            for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
-                plan.run.current.calls.append(call)
-                plan.run.current.sub_queries = list(parsed.value["queries"])
+            lists = self._string_lists(active, "writer_direct", "queries", parse_queries, queries_schema(n), "writer")
+            for run, queries in zip(active, lists):
+                run.current.sub_queries = queries
             return
-
-        plans = [
-            self._plan(
-                run,
-                "proposer",
-                "proposer",
-                partial(parse_directions, n=n, question=run.question.question),
-                directions_schema(n),
-                num_directions=str(n),
-            )
-            for run in active
-        ]
-        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
-            plan.run.current.calls.append(call)
-            plan.run.current.directions = list(parsed.value["directions"])
+        lists = self._string_lists(active, "proposer", "directions", parse_directions, directions_schema(n))
+        for run, directions in zip(active, lists):
+            run.current.directions = directions
 
         plans = [
             self._plan(
@@ -184,6 +161,22 @@ class MapsEngine(Engine):
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.current.calls.append(call)
             plan.run.current.sub_queries.append(parsed.value["query"])
+
+    def _string_lists(
+        self, active: list[MapsRun], prompt: str, key: str, parse, schema: dict, role: str | None = None
+    ) -> list[list[str]]:
+        """One call per run whose output is a list of N strings under `key` (directions, or direct sub-queries)."""
+        n = self.agent.num_directions
+        slot = {"num_directions" if key == "directions" else "num_queries": str(n)}
+        plans = [
+            self._plan(run, role or prompt, prompt, partial(parse, n=n, question=run.question.question), schema, **slot)
+            for run in active
+        ]
+        lists = []
+        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+            plan.run.current.calls.append(call)
+            lists.append(list(parsed.value[key]))
+        return lists
 
     def _retrieve(self, active: list[MapsRun]) -> None:
         requests = [(run, query) for run in active for query in run.current.sub_queries]
