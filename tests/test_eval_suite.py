@@ -374,3 +374,12 @@ def test_system_routes_teacher_student_and_adapters(repo_root, tmp_path, monkeyp
     assert distilled.route("proposer").adapter == str(tmp_path / "adapters" / "proposer")
     assert distilled.route("answer").adapter == str(tmp_path / "adapters" / "consolidator")  # answer rides consolidator
     assert distilled.route("writer").model == teacher.train.student
+
+
+def test_names_of_systems_lying_close_together_are_stacked_not_overprinted():
+    from maps_train.evaluate.plots import _label_offsets
+
+    points = [(0.39, 20.0, "distilled"), (0.46, 20.0, "distilled_free"), (0.1, 40.0, "vanilla"), (0.97, 26.7, "base")]
+    offsets = _label_offsets(points)
+    assert offsets[0] == offsets[2] == offsets[3] == (4, 4)
+    assert offsets[1][1] < offsets[0][1]  # the second name of the pair goes below the first

@@ -28,9 +28,7 @@ def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, fl
     """Points (cost, score, name) not dominated by a point at most as costly and at least as good (one strictly)."""
     front = []
     for cost, score, name in points:
-        dominated = any(
-            (c <= cost and s >= score) and (c < cost or s > score) for c, s, _ in points
-        )
+        dominated = any((c <= cost and s >= score) and (c < cost or s > score) for c, s, _ in points)
         if not dominated:
             front.append((cost, score, name))
     return sorted(front)
@@ -53,10 +51,12 @@ def _cost(cell: dict[str, Any], key: str) -> float:
 def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
     plt = _pyplot()
     key, label = cost_axis(summary)
-    panels = summary["datasets"] + [AVG]
+    # The average panel only adds something when there is more than one data set.
+    panels = summary["datasets"] + ([AVG] if len(summary["datasets"]) > 1 else [])
     columns = min(4, len(panels))
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows), squeeze=False)
+    # at least 7.5 inches wide, so the legend row below fits even with one panel
+    fig, axes = plt.subplots(rows, columns, figsize=(max(4.2 * columns, 7.5), 3.6 * rows), squeeze=False)
     colours = plt.get_cmap("tab10")
     for index, panel in enumerate(panels):
         ax = axes[index // columns][index % columns]
@@ -68,11 +68,14 @@ def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
             point = (_cost(cell, key), 100 * cell["cover_em"], system)
             points.append(point)
             ax.scatter(point[0], point[1], color=colours(number % 10), label=system, zorder=3)
-            ax.annotate(system, (point[0], point[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for point, offset in zip(points, _label_offsets(points)):
+            ax.annotate(point[2], point[:2], textcoords="offset points", xytext=offset, fontsize=7)
         front = pareto_front(points)
         if front:
             ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", lw=1, ls="--", zorder=2)
-            ax.scatter([p[0] for p in front], [p[1] for p in front], s=140, facecolors="none", edgecolors="black", zorder=4)
+            ax.scatter(
+                [p[0] for p in front], [p[1] for p in front], s=140, facecolors="none", edgecolors="black", zorder=4
+            )
         if points and min(p[0] for p in points) > 0 and max(p[0] for p in points) / min(p[0] for p in points) > 20:
             ax.set_xscale("log")
         ax.margins(x=0.15, y=0.12)  # room for the names beside the points
@@ -86,11 +89,25 @@ def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
     fig.suptitle(f"Cover-EM against cost{': ' + summary['suite'] if summary['suite'] else ''} (dashed: Pareto front)")
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    legend_rows = math.ceil(len(labels) / 5) if handles else 0
+    fig.tight_layout(rect=(0, 0.02 + 0.06 * legend_rows / rows, 1, 0.95))  # keep the legend clear of the axes
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _label_offsets(points: list[tuple[float, float, str]]) -> list[tuple[int, int]]:
+    """Name offsets (points) that stack the names of systems lying close together instead of overprinting them."""
+    if not points:
+        return []
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    span_x, span_y = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    offsets = []
+    for index, (x, y, _) in enumerate(points):
+        close = sum(abs(x - other[0]) < 0.12 * span_x and abs(y - other[1]) < 0.06 * span_y for other in points[:index])
+        offsets.append((4, 4 - 9 * close))
+    return offsets
 
 
 def plot_stop_rounds(summary: dict[str, Any], path: str | Path) -> Path:
