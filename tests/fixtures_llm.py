@@ -77,8 +77,9 @@ def hf_tiny_qwen3(tiny_qwen3):
 
 @pytest.fixture(scope="session")
 def smollm2_adapters(smollm2, make_lora_adapters) -> dict[str, str]:
-    """Three random LoRA adapters on SmolLM2 (r=8): proposer, writer, consolidator."""
-    return make_lora_adapters(smollm2, ["proposer", "writer", "consolidator"])
+    """Three random LoRA adapters on SmolLM2: proposer and writer r=8, consolidator r=4 (not one of vLLM's
+    --max-lora-rank choices: engines and servers started with 16 pad it, so mixed-rank batches are covered)."""
+    return {**make_lora_adapters(smollm2, ["proposer", "writer"]), **make_lora_adapters(smollm2, ["consolidator"], r=4)}
 
 
 @pytest.fixture(scope="session")
