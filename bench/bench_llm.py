@@ -133,11 +133,12 @@ def main() -> None:
     parser.add_argument("--ledger-model", default="builtin:tiny-qwen3", help="fast model for the ledger overhead")
     args = parser.parse_args()
 
-    from fixtures_llm import build_lora_adapters, free_port, start_vllm_server, stop_process
+    from fixtures_llm import build_lora_adapters, free_port, start_vllm_server
 
     from maps_train.llm.router import Router
     from maps_train.models import resolve_model
     from maps_train.recipe import BackendConfig
+    from maps_train.serve.server import stop_process_group
 
     model = resolve_model(args.model)
     requests = make_requests(args.n, args.max_tokens)
@@ -184,7 +185,7 @@ def main() -> None:
                 report("openai", measure(Router(routes, backends={"openai": backend}), requests), args.n)
                 backend.close()
             finally:
-                stop_process(proc)
+                stop_process_group(proc)
 
     from maps_train.llm.hf_backend import HFBackend
 

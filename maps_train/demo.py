@@ -130,34 +130,25 @@ def _start_server(recipe_path: Path, log_dir: Path, env: dict[str, str], timeout
     handle = (log_dir / "serve.log").open("a")
     process = subprocess.Popen(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)
-    import httpx
+    from maps_train.serve.server import wait_until_healthy
 
     health = f"http://{recipe.serve.host}:{recipe.serve.port}/health"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise MapsTrainError(f"demo step 'serve' exited with code {process.returncode}; see {log_dir / 'serve.log'}")
-        try:
-            if httpx.get(health, timeout=2.0).status_code == 200:
-                typer.echo(f"    healthy at {health}")
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(2.0)
-    _stop_server(process)
-    raise MapsTrainError(f"demo step 'serve': not healthy after {timeout_s:.0f}s; see {log_dir / 'serve.log'}")
+    log = log_dir / "serve.log"
+    try:
+        wait_until_healthy(process, health, timeout_s, lambda code: f"demo step 'serve' exited with code {code}; see {log}")
+    except BaseException:
+        _stop_server(process)
+        raise
+    typer.echo(f"    healthy at {health}")
+    return process
 
 
 def _stop_server(process: subprocess.Popen) -> None:
     import signal
 
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)  # `maps-train serve` stops vLLM cleanly on Ctrl-C
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    from maps_train.serve.server import stop_process_group
+
+    stop_process_group(process, first=signal.SIGINT, grace_s=60)  # `maps-train serve` stops vLLM cleanly on Ctrl-C
 
 
 def role_parse_rates(eval_dir: Path, system: str) -> dict[str, tuple[int, int]]:

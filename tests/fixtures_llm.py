@@ -14,10 +14,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from maps_train.serve.server import stop_process_group, wait_until_healthy
 
 # Which heavy vLLM process is alive (engine or server), so the other can be stopped before starting.
 _HEAVY: dict[str, object] = {}
@@ -111,8 +112,6 @@ def start_vllm_server(
     `--max-loras` defaults to one more than the adapters: with every slot filled, vLLM 0.32 on CPU served
     base-model rows of a concurrent mixed batch with the last slot's adapter (seen here; a spare slot fixes it).
     """
-    import httpx
-
     cmd = [
         sys.executable,
         "-m",
@@ -146,34 +145,12 @@ def start_vllm_server(
     env = prepare_cpu_env(dict(os.environ))
     handle = log.open("w")
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm server exited with {proc.returncode}; log: {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    stop_process(proc)
-    raise RuntimeError(f"vllm server not healthy after {timeout_s}s; log: {log}")
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    """Stop the server's process group (it spawns an engine worker), then reap it."""
-    import signal
-
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
+    try:
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s, lambda code: f"vllm exited {code}; {log}")
+    except BaseException:
+        stop_process_group(proc)
+        raise
+    return proc
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +161,7 @@ def vllm_server(smollm2, smollm2_adapters, tmp_path_factory):
     served = {name: smollm2_adapters[name] for name in ("proposer", "writer")}
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     proc = start_vllm_server(smollm2, served, port, log)
-    _HEAVY["server"] = lambda: stop_process(proc)
+    _HEAVY["server"] = lambda: stop_process_group(proc)
     yield f"http://127.0.0.1:{port}/v1"
     if _HEAVY.pop("server", None) is not None:
-        stop_process(proc)
+        stop_process_group(proc)

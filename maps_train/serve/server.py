@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from threading import Thread
 from typing import Self
@@ -15,6 +16,42 @@ import httpx
 
 from maps_train.errors import MapsTrainError
 from maps_train.serve.plan import ServerPlan
+
+
+def wait_until_healthy(
+    process: subprocess.Popen, health_url: str, timeout_s: float, on_exit: Callable[[int], str]
+) -> None:
+    """Poll `health_url` until it answers 200. If the process exits first, raise `on_exit(returncode)`; if the
+    time runs out, raise. Stopping a server that never came up is the caller's (each stops its own way)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise MapsTrainError(on_exit(process.returncode))
+        try:
+            if httpx.get(health_url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise MapsTrainError(f"server did not become healthy at {health_url} within {timeout_s:.0f}s")
+
+
+def stop_process_group(process: subprocess.Popen, first: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
+    """`first` to the process group of a server started with start_new_session=True (API server, engine core,
+    workers), SIGKILL after `grace_s`; then reap it."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, first)
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    except ProcessLookupError:  # it exited between the poll and the signal
+        process.wait()
 
 
 class VLLMServer:
@@ -56,33 +93,17 @@ class VLLMServer:
         return self
 
     def wait_healthy(self) -> None:
-        health = self.plan.url.removesuffix("/v1") + "/health"
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                last = next((line for line in reversed(self._tail) if line.strip()), "no output")
-                raise MapsTrainError(f"vllm serve exited with code {self.process.returncode}: {last}")
-            try:
-                if httpx.get(health, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise MapsTrainError(f"vllm serve did not become healthy at {health} within {self.timeout_s:.0f}s")
+        assert self.process is not None
+
+        def exited(code: int) -> str:
+            last = next((line for line in reversed(self._tail) if line.strip()), "no output")
+            return f"vllm serve exited with code {code}: {last}"
+
+        wait_until_healthy(self.process, self.plan.url.removesuffix("/v1") + "/health", self.timeout_s, exited)
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group (API server, engine core, workers), SIGKILL after 30 s."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        except ProcessLookupError:  # it exited between the poll and the signal
-            self.process.wait()
+        if self.process is not None:
+            stop_process_group(self.process)
 
     def __enter__(self) -> Self:
         return self.start()
