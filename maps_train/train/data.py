@@ -8,11 +8,11 @@ Bad rows fail with one line naming the file, the line and the field.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.jsonl import iter_jsonl
 
 SHARED_ADAPTER = "shared"
 KEPT_COLUMNS = ("prompt", "completion", "chat_template_kwargs")
@@ -55,32 +55,23 @@ def _check_messages(value: Any, field: str, where: str, completion: bool) -> Non
 def read_sft_rows(path: Path, default_template_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """Validated rows of one JSONL file, reduced to the columns the trainer uses."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise MapsTrainError(f"{where}: invalid JSON ({err.msg})") from None
-            if not isinstance(raw, dict):
-                raise MapsTrainError(f"{where}: expected a JSON object per line")
-            for field in ("prompt", "completion"):
-                if field not in raw:
-                    raise MapsTrainError(f"{where}: missing field '{field}' (rows are prompt-completion messages)")
-            _check_messages(raw["prompt"], "prompt", where, completion=False)
-            _check_messages(raw["completion"], "completion", where, completion=True)
-            kwargs = raw.get("chat_template_kwargs", default_template_kwargs)
-            if not isinstance(kwargs, dict):
-                raise MapsTrainError(f"{where}: 'chat_template_kwargs' must be an object")
-            rows.append(
-                {
-                    "prompt": [{"role": m["role"], "content": m["content"]} for m in raw["prompt"]],
-                    "completion": [{"role": m["role"], "content": m["content"]} for m in raw["completion"]],
-                    "chat_template_kwargs": kwargs,
-                }
-            )
+    for line_no, raw in iter_jsonl(path, "SFT file"):
+        where = f"{path}:{line_no}"
+        for field in ("prompt", "completion"):
+            if field not in raw:
+                raise MapsTrainError(f"{where}: missing field '{field}' (rows are prompt-completion messages)")
+        _check_messages(raw["prompt"], "prompt", where, completion=False)
+        _check_messages(raw["completion"], "completion", where, completion=True)
+        kwargs = raw.get("chat_template_kwargs", default_template_kwargs)
+        if not isinstance(kwargs, dict):
+            raise MapsTrainError(f"{where}: 'chat_template_kwargs' must be an object")
+        rows.append(
+            {
+                "prompt": [{"role": m["role"], "content": m["content"]} for m in raw["prompt"]],
+                "completion": [{"role": m["role"], "content": m["content"]} for m in raw["completion"]],
+                "chat_template_kwargs": kwargs,
+            }
+        )
     return rows
 
 
