@@ -126,9 +126,9 @@ def main() -> None:
     for label, batch_size in (("batched", len(questions)), ("one at a time", 1)):
         out = root / label.replace(" ", "_")
         records, seconds, backend, search = run(recipe, questions, out, router, retriever, batch_size)
-        calls = sum(r["cost"]["calls"] for r in records)
-        prompt = sum(r["cost"]["prompt_tokens"] for r in records)
-        completion = sum(r["cost"]["completion_tokens"] for r in records)
+        calls = sum(r.cost.calls for r in records)
+        prompt = sum(r.cost.prompt_tokens for r in records)
+        completion = sum(r.cost.completion_tokens for r in records)
         results[label] = (records, seconds)
         print(
             f"{label:>14}: {seconds:7.1f} s  {len(records) / seconds:6.2f} questions/s | {calls} role calls in "
@@ -136,7 +136,7 @@ def main() -> None:
             f"| {prompt} prompt + {completion} completion tokens, {sum(r['rounds'] for r in records)} rounds"
         )
     batched, single = results["batched"], results["one at a time"]
-    same = sum(a["answer"] == b["answer"] for a, b in zip(batched[0], single[0]))
+    same = sum(a.answer == b.answer for a, b in zip(batched[0], single[0]))
     print(
         f"speed-up of batching: {single[1] / batched[1]:.1f}x  (same final answer in {same}/{len(questions)}; "
         "batch shapes change float sums, so greedy text can differ)"

@@ -1,5 +1,4 @@
-"""Benchmark the LLM backends: one batched call of N requests vs the same requests one at a time, per backend,
-and the cost of the ledger (on vs off).
+"""Benchmark the LLM backends: one batched call of N requests vs the same requests one at a time, per backend.
 
     .venv/bin/python bench/bench_llm.py                          # hf, vllm, openai on SmolLM2, 64 requests
     .venv/bin/python bench/bench_llm.py --backends hf --n 16 --max-tokens 8
@@ -96,41 +95,12 @@ def routes_for(kind: str, model: str, adapter: str):
     }
 
 
-def bench_ledger(router_factory, requests, repeats: int) -> None:
-    """End-to-end router time with the ledger writing JSONL vs switched off, and the cost of recording alone."""
-    from maps_train.llm.ledger import CostLedger
-
-    with tempfile.TemporaryDirectory() as tmp:
-        times = {"on": [], "off": []}
-        for _ in range(repeats):
-            for mode in ("off", "on"):
-                ledger = CostLedger(Path(tmp) / "ledger.jsonl", enabled=mode == "on")
-                router = router_factory(ledger)
-                start = time.perf_counter()
-                comps = router.generate(requests)
-                times[mode].append(time.perf_counter() - start)
-                ledger.close()
-        ledger = CostLedger(Path(tmp) / "micro.jsonl")
-        start = time.perf_counter()
-        for _ in range(200):
-            ledger.record(requests, comps, "bench", 1.0)
-        per_row_us = (time.perf_counter() - start) / (200 * len(requests)) * 1e6
-        ledger.close()
-    on, off = min(times["on"]), min(times["off"])
-    print(
-        f"ledger  router.generate({len(requests)}) best of {repeats}: on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms "
-        f"(overhead {100 * (on - off) / off:+.2f}%); record() alone {per_row_us:.1f} us per request row",
-        flush=True,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="hf,vllm,openai")
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--ledger-model", default="builtin:tiny-qwen3", help="fast model for the ledger overhead")
     args = parser.parse_args()
 
     from fixtures_llm import build_lora_adapters, free_port, start_vllm_server
@@ -186,13 +156,6 @@ def main() -> None:
                 backend.close()
             finally:
                 stop_process_group(proc)
-
-    from maps_train.llm.hf_backend import HFBackend
-
-    small = HFBackend(resolve_model(args.ledger_model), BackendConfig(dtype="float32", hf_batch_size=args.n))
-    small_routes = routes_for("hf", small.model_name, None)
-    small_reqs = make_requests(args.n, 4)
-    bench_ledger(lambda ledger: Router(small_routes, backends={"hf": small}, ledger=ledger), small_reqs, repeats=5)
 
 
 if __name__ == "__main__":

@@ -98,9 +98,8 @@ def run_maps(recipe, url: str, questions, out: Path, retriever) -> dict:
     start = time.perf_counter()
     records = run_method(recipe, questions, out, retriever=retriever, progress=False)
     wall = time.perf_counter() - start
-    total = {key: sum((r.get("cost") or {}).get(key, 0) or 0 for r in records)
-             for key in ("calls", "prompt_tokens", "completion_tokens")}
-    answers = [r["answer"] for r in records]
+    total = {key: sum(getattr(r.cost, key) for r in records) for key in ("calls", "prompt_tokens", "completion_tokens")}
+    answers = [r.answer for r in records]
     return {"wall_s": wall, **total, "tokens_per_s": total["completion_tokens"] / wall, "answers": answers}
 
 

@@ -19,7 +19,7 @@ from maps_train.llm.router import Router, build_router
 from maps_train.llm.types import ChatRequest
 from maps_train.questions import load_questions
 from maps_train.recipe import RoleRoute, load_recipe
-from maps_train.traces import iter_traces
+from maps_train.records import iter_traces
 
 N_QUESTIONS = 3
 MAX_TOKENS = 16
@@ -95,8 +95,8 @@ def test_baseline_runs_end_to_end_on_real_models(world, tmp_path, method, tiny_q
         for call in calls:
             assert call.usage.model == tiny_qwen3 and call.usage.prompt_tokens > 50
             assert 0 < call.usage.completion_tokens <= MAX_TOKENS
-        assert trace.cost["calls"] == len(calls)
-        assert trace.cost["prompt_tokens"] == sum(c.usage.prompt_tokens for c in calls)
+        assert trace.cost.calls == len(calls)
+        assert trace.cost.prompt_tokens == sum(c.usage.prompt_tokens for c in calls)
         retrieved = [pid for r in trace.rounds for s in r.retrieved for pid in s.passage_ids]
         assert set(retrieved) <= world["corpus_ids"]
         if method in ("vanilla", "s3"):  # these retrieve for the question before any model call

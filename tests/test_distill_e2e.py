@@ -114,7 +114,7 @@ def pipeline(tmp_path_factory, smollm2) -> Pipeline:
 
 
 def read_traces(folder: Path):
-    from maps_train.traces import iter_traces
+    from maps_train.records import iter_traces
 
     traces = []
     for _, item in iter_traces(folder / "traces.jsonl"):
@@ -335,7 +335,7 @@ def test_distilled_maps_through_the_server_uses_each_roles_adapter(served, pipel
     start = time.perf_counter()
     records = run_method(recipe, questions, out_dir, progress=False)
     pipeline.seconds["maps_served"] = round(time.perf_counter() - start, 1)
-    assert [r["question_id"] for r in records] == [q.id for q in questions]
+    assert [r.question_id for r in records] == [q.id for q in questions]
     calls = [call for trace in read_traces(out_dir) for call in trace.all_calls()]
     assert {call.role for call in calls} == set(ROLE_ADAPTER)
     for call in calls:

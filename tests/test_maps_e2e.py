@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from maps_train.traces import TraceRecord, iter_traces
+from maps_train.records import TraceRecord, iter_traces
 
 N_QUESTIONS = 5
 
@@ -72,7 +72,7 @@ def test_maps_runs_end_to_end_with_real_models_and_resumes(small_world, tmp_path
     questions = load_questions(root / "questions.jsonl")
     out = tmp_path / "run"
     records = run_method(recipe, questions[:3], out, backend=router, retriever=retriever, progress=False)
-    assert [r["question_id"] for r in records] == [q.id for q in questions[:3]]
+    assert [r.question_id for r in records] == [q.id for q in questions[:3]]
 
     traces = [t for _, t in iter_traces(out / "traces.jsonl")]
     assert all(isinstance(t, TraceRecord) for t in traces) and len(traces) == 3
@@ -93,19 +93,19 @@ def test_maps_runs_end_to_end_with_real_models_and_resumes(small_world, tmp_path
         failed = [c for c in trace.all_calls() if not c.parse_ok]
         assert sum(trace.parse_failures.values()) == len(failed)
         assert all(c.parse_error for c in failed)
-        assert trace.cost["calls"] == len(trace.all_calls())
-        assert trace.cost["prompt_tokens"] == sum(c.usage.prompt_tokens for c in trace.all_calls())
+        assert trace.cost.calls == len(trace.all_calls())
+        assert trace.cost.prompt_tokens == sum(c.usage.prompt_tokens for c in trace.all_calls())
 
     answers_path = out / "answers.jsonl"
     answers = [json.loads(line) for line in answers_path.read_text().splitlines()]
-    assert answers == records
+    assert answers == [r.to_dict() for r in records]
     assert all(a["cost"]["retrievals"] >= 1 and a["cost"]["latency_s"] > 0 for a in answers)
 
     # A kill mid-write leaves a torn last line; the rerun on 5 questions completes the rest, once each.
     text = answers_path.read_text()
     answers_path.write_text(text[: len(text) - len(text.splitlines()[-1]) // 2 - 1])
     records = run_method(recipe, questions, out, backend=router, retriever=retriever, progress=False)
-    assert [r["question_id"] for r in records] == [q.id for q in questions]
+    assert [r.question_id for r in records] == [q.id for q in questions]
     answers = [json.loads(line) for line in answers_path.read_text().splitlines()]
     assert len(answers) == N_QUESTIONS and len({a["question_id"] for a in answers}) == N_QUESTIONS
     trace_ids = [t.question_id for _, t in iter_traces(out / "traces.jsonl")]

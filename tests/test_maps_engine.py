@@ -101,9 +101,9 @@ def test_one_batched_call_per_role_per_step_across_questions():
             assert len(round_.directions) == 3 and len(round_.sub_queries) == 3
             assert [r.query for r in round_.retrieved] == round_.sub_queries
             assert all(len(r.passage_ids) == 2 for r in round_.retrieved)
-        assert trace.cost["retrievals"] == 6 and trace.cost["passages"] == 12
-        assert trace.cost["by_role"]["writer"]["calls"] == 6
-        assert trace.cost["calls"] == 2 * (1 + 3 + 1) + 1
+        assert trace.cost.retrievals == 6 and trace.cost.passages == 12
+        assert trace.cost.by_role["writer"].calls == 6
+        assert trace.cost.calls == 2 * (1 + 3 + 1) + 1
     assert engine.generate_calls == 7 and engine.search_calls == 2
 
 
@@ -236,7 +236,7 @@ def test_trace_records_every_call_verbatim_and_round_trips():
     assert json.loads(call.raw_text) == call.parsed
     data = json.loads(json.dumps(trace.to_dict()))
     assert data["schema_version"] == 1
-    from maps_train.traces.schema import TraceRecord
+    from maps_train.records.trace import TraceRecord
 
     assert TraceRecord.from_dict(data) == trace
 
@@ -246,7 +246,7 @@ def test_identical_sub_queries_are_searched_once_but_kept_per_direction():
     engine, _, retriever = make_engine(["agent.max_rounds=1"], scripts=scripts)
     trace, _ = engine.run_batch(questions(2))
     assert retriever.calls[0][0] == ["Eiffel Tower"]
-    assert trace.rounds[0].sub_queries == ["Eiffel Tower"] * 3 and trace.cost["retrievals"] == 3
+    assert trace.rounds[0].sub_queries == ["Eiffel Tower"] * 3 and trace.cost.retrievals == 3
 
 
 def test_bad_agent_settings_are_reported():

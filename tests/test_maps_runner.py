@@ -11,7 +11,7 @@ from maps_train.agents import available_methods, engine_class, run_method
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe
-from maps_train.traces import TRACE_SCHEMA_VERSION, TraceFormatError, TraceRecord, iter_traces
+from maps_train.records import TRACE_SCHEMA_VERSION, TraceFormatError, TraceRecord, iter_traces
 
 
 def recipe(*overrides):
@@ -40,7 +40,7 @@ def run(out, n, *overrides, backend=None):
 def test_writes_answers_and_traces(tmp_path):
     records, _ = run(tmp_path, 3)
     answers = read_lines(tmp_path / "answers.jsonl")
-    assert answers == records
+    assert answers == [r.to_dict() for r in records]
     first = answers[0]
     assert first["question_id"] == "q0" and first["answer"] == "answer of q0" and first["method"] == "maps"
     assert first["rounds"] == 2 and first["stop_reason"] == "sufficient" and first["parse_failures"] == {}
@@ -52,7 +52,7 @@ def test_writes_answers_and_traces(tmp_path):
     traces = [t for _, t in iter_traces(tmp_path / "traces.jsonl")]
     assert [t.question_id for t in traces] == ["q0", "q1", "q2"]
     assert traces[0].golden_answers == ["a0"] and traces[0].config_digest == first["config_digest"]
-    assert traces[0].cost == cost
+    assert traces[0].cost.to_dict() == cost
 
 
 def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_path):
@@ -63,7 +63,7 @@ def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_pat
     records, backend = run(tmp_path, 5)
     # Only the torn question and the two new ones were run again.
     assert sorted({r.question_id for r in backend.requests("answer")}) == ["q2", "q3", "q4"]
-    assert [r["question_id"] for r in records] == ["q0", "q1", "q2", "q3", "q4"]
+    assert [r.question_id for r in records] == ["q0", "q1", "q2", "q3", "q4"]
     answers = read_lines(answers_path)
     assert sorted(a["question_id"] for a in answers) == ["q0", "q1", "q2", "q3", "q4"]
     trace_ids = [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maps_train.evaluate.metrics import (
+from maps_train.records.metrics import (
     answer_words,
     choice_accuracy,
     cover_em,

@@ -2,7 +2,7 @@
 
 `run_method(recipe, questions, out_dir)` is the entry point; engines register by method name
 (`registry.register_method`) and share the machinery in `engine` (batched role calls, batched search, traces),
-`outputs`/`jsonparse` (schemas, tolerant parsing), `prompting` (prompt files), `evidence` and `cost`.
+`outputs`/`jsonparse` (schemas, tolerant parsing), `prompting` (prompt files), and `evidence`.
 """
 
 from maps_train.agents.registry import available_methods, engine_class, register_method

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from maps_train.records.answer import AnswerRecord
+
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
@@ -26,15 +28,15 @@ def register(app: typer.Typer) -> None:
         summarize(records, out)
 
 
-def summarize(records: list[dict], out: str) -> None:
+def summarize(records: list[AnswerRecord], out: str) -> None:
     if not records:
         typer.echo(f"no questions; nothing written to {out}")
         return
     n = len(records)
-    rounds = sum(r["rounds"] for r in records) / n
-    calls = sum(r["cost"]["calls"] for r in records) / n
-    tokens = sum(r["cost"]["prompt_tokens"] + r["cost"]["completion_tokens"] for r in records) / n
-    failures = sum(sum(r.get("parse_failures", {}).values()) for r in records)
+    rounds = sum(r.rounds or 0 for r in records) / n
+    calls = sum(r.cost.calls for r in records) / n
+    tokens = sum(r.cost.prompt_tokens + r.cost.completion_tokens for r in records) / n
+    failures = sum(sum(r.parse_failures.values()) for r in records)
     typer.echo(
         f"{n} questions -> {out}: {rounds:.2f} rounds, {calls:.1f} calls, {tokens:.0f} tokens per question; "
         f"{failures} parse failures"

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from maps_train.agents.cost import CostLedger
 from maps_train.agents.jsonparse import Parsed
 from maps_train.agents.prompting import PromptLibrary
 from maps_train.config import to_dict
@@ -25,8 +24,9 @@ from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend, ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
+from maps_train.records.answer import Cost
+from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
-from maps_train.traces.schema import CallUsage, RoleCall, RoundRecord, TraceRecord
 
 
 @dataclass
@@ -34,7 +34,7 @@ class QuestionRun:
     """One question's progress: rounds so far, cost, parse failures, and (once done) the answer."""
 
     question: Question
-    ledger: CostLedger = field(default_factory=CostLedger)
+    cost: Cost = field(default_factory=Cost)
     rounds: list[RoundRecord] = field(default_factory=list)
     parse_failures: Counter = field(default_factory=Counter)
     final_call: RoleCall | None = None
@@ -63,7 +63,7 @@ class QuestionRun:
             golden_answers=list(self.question.golden_answers),
             options=list(self.question.options) if self.question.options else None,
             parse_failures=dict(self.parse_failures),
-            cost=self.ledger.to_dict(),
+            cost=self.cost.rounded(),
         )
 
 
@@ -183,12 +183,12 @@ class Engine:
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
             )
-            plan.run.ledger.add_completion(plan.role, completion)
+            plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens)
             if not parsed.ok:
                 plan.run.parse_failures[plan.role] += 1
             results.append((call, parsed))
         for (_, role), (run, latency) in longest.items():
-            run.ledger.add_latency(role, latency)
+            run.cost.add_latency(role, latency)
         return results
 
     def search(self, requests: list[tuple[QuestionRun, str]], k: int) -> list[list[Hit]]:
@@ -212,6 +212,6 @@ class Engine:
         hit_lists = []
         for run, query in requests:
             hits = list(by_query[query])[:k]
-            run.ledger.add_search(1, len(hits), share)
+            run.cost.add_search(1, len(hits), share)
             hit_lists.append(hits)
         return hit_lists

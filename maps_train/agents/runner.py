@@ -9,7 +9,6 @@ the two appends) are dropped before the question is run again, so neither file e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from maps_train.agents.engine import Engine
 from maps_train.agents.registry import engine_class
@@ -17,27 +16,28 @@ from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
+from maps_train.records.answer import AnswerRecord
+from maps_train.records.store import KeyedJsonl
+from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Retriever
-from maps_train.traces.schema import TraceRecord
-from maps_train.traces.writer import KeyedJsonl
 
 ANSWERS_FILE = "answers.jsonl"
 TRACES_FILE = "traces.jsonl"
 
 
-def answer_record(trace: TraceRecord) -> dict[str, Any]:
+def answer_record(trace: TraceRecord) -> AnswerRecord:
     """The line of answers.jsonl for one question (what evaluation reads)."""
-    return {
-        "question_id": trace.question_id,
-        "answer": trace.final_answer,
-        "method": trace.method,
-        "dataset": trace.dataset,
-        "rounds": trace.num_rounds,
-        "stop_reason": trace.stop_reason,
-        "cost": trace.cost,
-        "parse_failures": trace.parse_failures,
-        "config_digest": trace.config_digest,
-    }
+    return AnswerRecord(
+        question_id=trace.question_id,
+        answer=trace.final_answer,
+        method=trace.method,
+        dataset=trace.dataset,
+        rounds=trace.num_rounds,
+        stop_reason=trace.stop_reason,
+        cost=trace.cost,
+        parse_failures=dict(trace.parse_failures),
+        config_digest=trace.config_digest,
+    )
 
 
 def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retriever | None = None) -> Engine:
@@ -48,17 +48,10 @@ def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retr
 
         backend = build_router(recipe)
     if retriever is None:
-        retriever = _build_retriever(recipe)
+        from maps_train.retrieval.factory import build_retriever
+
+        retriever = build_retriever(recipe.retrieval)
     return cls(recipe, backend, retriever)
-
-
-def _build_retriever(recipe: Recipe) -> Retriever:
-    from maps_train import retrieval
-
-    build = getattr(retrieval, "build_retriever", None)
-    if build is None:
-        from maps_train.retrieval.factory import build_retriever as build
-    return build(recipe.retrieval)
 
 
 def _check_unique(questions: list[Question]) -> None:
@@ -77,7 +70,7 @@ def run_method(
     backend: Backend | None = None,
     retriever: Retriever | None = None,
     progress: bool = True,
-) -> list[dict[str, Any]]:
+) -> list[AnswerRecord]:
     """Answer `questions` with `recipe.agent.method`; returns their answer records (earlier runs' included), in
     input order. Writes `<out_dir>/answers.jsonl` and `<out_dir>/traces.jsonl`."""
     from tqdm.auto import tqdm
@@ -87,7 +80,9 @@ def run_method(
     out.mkdir(parents=True, exist_ok=True)
     answers = KeyedJsonl(out / ANSWERS_FILE)
     traces = KeyedJsonl(out / TRACES_FILE)
-    done = answers.load()
+    done = {
+        key: AnswerRecord.from_dict(row, f"{answers.path}: question {key}") for key, row in answers.load().items()
+    }
     traces.keep_only(set(done))
 
     todo = [q for q in questions if q.id not in done]
@@ -113,7 +108,7 @@ def run_method(
                 for trace in engine.run_batch(chunk):
                     traces.append(trace.to_dict())
                     record = answer_record(trace)
-                    answers.append(record)
+                    answers.append(record.to_dict())
                     done[trace.question_id] = record
                 bar.update(len(chunk))
     finally:
@@ -123,11 +118,11 @@ def run_method(
     return [done[q.id] for q in questions]
 
 
-def _check_same_config(path: Path, done: dict[str, dict[str, Any]], digest: str, method: str) -> None:
+def _check_same_config(path: Path, done: dict[str, AnswerRecord], digest: str, method: str) -> None:
     """Refuse to mix two configurations in one output folder (their answers would not be comparable)."""
     for record in done.values():
-        if record.get("method") != method or record.get("config_digest", digest) != digest:
+        if record.method != method or (record.config_digest or digest) != digest:
             raise MapsTrainError(
-                f"{path}: holds answers of another configuration (method {record.get('method')}, digest "
-                f"{record.get('config_digest')}; now {method}, {digest}); use another --out folder"
+                f"{path}: holds answers of another configuration (method {record.method}, digest "
+                f"{record.config_digest}; now {method}, {digest}); use another --out folder"
             )

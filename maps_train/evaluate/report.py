@@ -24,7 +24,7 @@ import yaml
 
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.cost import COST_KEYS, ROLE_KEYS
-from maps_train.evaluate.results import ResultsFile
+from maps_train.evaluate.results import read_results
 from maps_train.evaluate.summary import AVG, SCORE_KEYS, summarize
 
 RESULTS = "results.jsonl"
@@ -202,7 +202,7 @@ def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
     from maps_train.evaluate.plots import plot_cover_em_vs_cost, plot_stop_rounds
 
     out_dir = Path(out_dir)
-    rows = ResultsFile(out_dir / RESULTS).read()
+    rows = read_results(out_dir / RESULTS)
     if not rows:
         raise MapsTrainError(f"{out_dir / RESULTS}: no results to report (run `maps-train eval SUITE.yaml` first)")
     manifest = read_manifest(out_dir)

@@ -5,13 +5,12 @@ A suite file (`eval/suites/*.yaml`) maps onto `SuiteConfig`. `run_suite` loads e
 no result yet to the agent runner, scores the answers it returns into `results.jsonl`, and rebuilds the report.
 
 The runner contract (`maps_train.agents.runner.run_method`):
-    run_method(recipe: Recipe, questions: list[Question], out_dir: Path, progress: bool = True) -> list[dict]
+    run_method(recipe: Recipe, questions: list[Question], out_dir: Path, progress: bool = True)
+        -> list[AnswerRecord]
 writes `answers.jsonl` (and its traces) in `out_dir`, append-only and resumable by question id, and returns one
-answer record per given question, including those answered by an earlier, interrupted call:
-    {"question_id", "answer", "method", "rounds", "stop_reason",
-     "cost": {"calls", "prompt_tokens", "completion_tokens", "retrievals", "passages", "latency_s",
-              "by_role": {role: {"calls", "prompt_tokens", "completion_tokens"}}}}
-Only `question_id` and `answer` are required here; missing counters count as 0.
+`maps_train.records.AnswerRecord` per given question, including those answered by an earlier, interrupted call.
+A runner of another tool may return plain dicts: they are read with `AnswerRecord.from_dict`, which requires
+`question_id` and `answer`, checks every other field's type, and counts missing cost counters as 0.
 
 Layout of `out_dir`: suite.yaml, samples.json (seed, size and ids of every sample), results.jsonl, the report
 files (see `report.py`), `runs/<system>/<dataset>/` (the runner's answers.jsonl and traces), `wandb/`.
@@ -31,12 +30,13 @@ from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
-from maps_train.evaluate.results import ResultsFile, check_answer_record, score_record
+from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
 from maps_train.evaluate.tracking import SuiteWandbConfig, Tracker, make_tracker
 from maps_train.questions import Question
+from maps_train.records.answer import AnswerRecord
 
-RunMethod = Callable[..., list[dict[str, Any]]]
+RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
 
 
 @dataclass
@@ -138,10 +138,8 @@ def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
 
 
 def default_runner() -> RunMethod:
-    try:
-        from maps_train.agents.runner import run_method
-    except ImportError as err:
-        raise MapsTrainError(f"the agent runner is not available (maps_train.agents.runner.run_method): {err}") from None
+    from maps_train.agents.runner import run_method
+
     return run_method
 
 
@@ -179,7 +177,7 @@ def _answer_mode(name: str, question: Question) -> str:
 
 
 def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: dict, files: ReportFiles, out_dir: Path) -> None:
-    rows = ResultsFile(out_dir / RESULTS).read()
+    rows = read_results(out_dir / RESULTS)
     columns = [
         "dataset", "question_id", "question", "golden_answers", "answer", "cover_em", "em", "f1", "answer_words",
         "rounds", "stop_reason", "calls", "prompt_tokens", "completion_tokens", "retrievals", "latency_s", "compute_tflops",
@@ -277,8 +275,8 @@ def run_suite(
 def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress) -> tuple[int, int]:
     from tqdm.auto import tqdm
 
-    results = ResultsFile(out_dir / RESULTS)
-    done = results.keys()
+    results = results_file(out_dir / RESULTS)
+    done = set(results.load())
     pairs = [(s, d) for s in system_specs for d in dataset_specs]
     scored = unanswered = 0
     for system, spec in tqdm(pairs, desc=f"suite {suite.name}", unit="run", disable=not progress):
@@ -289,15 +287,16 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
         where = f"{run_dir}/answers.jsonl"
         answers = {}
         for record in runner(recipes[system.name], pending, run_dir, progress=progress):
-            record = check_answer_record(record, where)
-            answers[str(record["question_id"])] = record
+            record = AnswerRecord.from_dict(record, where)
+            answers[record.question_id] = record
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
         rows = [
             score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup)
             for q in pending
             if q.id in answers
         ]
-        scored += results.append(rows)
+        with results:
+            scored += results.extend(rows)
         missing = len(pending) - len(rows)
         if missing:
             unanswered += missing

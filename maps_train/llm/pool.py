@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 from maps_train.config import to_dict
-from maps_train.llm.ledger import CostLedger
 from maps_train.llm.router import Router, make_backend
 from maps_train.recipe import Recipe, RoleRoute
 
@@ -21,7 +20,7 @@ class EnginePool:
     def __init__(self) -> None:
         self._engines: dict[tuple, Any] = {}
 
-    def router(self, recipe: Recipe, ledger: CostLedger | None = None) -> Router:
+    def router(self, recipe: Recipe) -> Router:
         settings = json.dumps(to_dict(recipe.backend), sort_keys=True)
 
         def factory(kind: str, model: str, routes: list[RoleRoute]) -> Any:
@@ -31,7 +30,7 @@ class EnginePool:
                 self._engines[key] = make_backend(kind, model, routes, recipe.backend)
             return self._engines[key]
 
-        return Router(recipe, factory=factory, ledger=ledger)
+        return Router(recipe, factory=factory)
 
     def __len__(self) -> int:
         return len(self._engines)

@@ -1,28 +1,28 @@
 """The router: role -> route (backend, base model, adapter, sampling) from the recipe, one batched backend call
-per engine, completions back in request order, every call written to the cost ledger.
+per engine, completions back in request order, each tagged with its role.
 
 Roles whose routes share a backend kind and base model share one engine (`engine_key`); the openai backend is
 one client for every route (the adapter is picked per request with `model=NAME`). Engines are created on first
 use and freed by `close()`.
 
-    router = build_router(recipe, ledger=CostLedger("runs/x/ledger.jsonl"))
+    router = build_router(recipe)
     completions = router.generate([ChatRequest(role="proposer", messages=[...], question_id="q1"), ...])
 
 Tests and benchmarks that already hold an engine pass it in: `Router(routes, backends={"vllm": engine})`.
+Cost is booked by the agent engine on each question (`maps_train.records.Cost`), and every call's usage is kept
+in the question's trace, so the router keeps no ledger of its own.
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import adapter_dir
-from maps_train.llm.ledger import CostLedger
 from maps_train.llm.types import ChatRequest, Completion
-from maps_train.recipe import BackendConfig, Recipe, RoleRoute
+from maps_train.recipe import BackendConfig, Recipe, RoleRoute, route_for
 
 BackendFactory = Callable[[str, str, list[RoleRoute]], Any]
 
@@ -38,7 +38,6 @@ class Router:
         routes: Mapping[str, RoleRoute] | Recipe,
         backends: Mapping[str, Any] | None = None,
         factory: BackendFactory | None = None,
-        ledger: CostLedger | None = None,
     ):
         """`routes`: role -> route ("default" catches other roles), or a recipe. `backends`: ready backends by
         `engine_key` or by backend kind ("vllm", "hf", "openai"); they are not closed by `close()`.
@@ -47,16 +46,9 @@ class Router:
         self._given = dict(backends or {})
         self._factory = factory
         self._built: dict[str, Any] = {}
-        self.ledger = ledger if ledger is not None else CostLedger(enabled=False)
 
     def route(self, role: str) -> RoleRoute:
-        if role in self.routes:
-            return self.routes[role]
-        if "default" in self.routes:
-            return self.routes["default"]
-        raise MapsTrainError(
-            f"roles.{role}: unknown role '{role}' (routed roles: {', '.join(sorted(self.routes)) or 'none'})"
-        )
+        return route_for(self.routes, role)
 
     def backend(self, route: RoleRoute) -> Any:
         key = engine_key(route)
@@ -79,14 +71,10 @@ class Router:
         results: list[Completion | None] = [None] * len(requests)
         for key, rows in groups.items():
             backend = self.backend(routes[rows[0]])
-            batch = [requests[i] for i in rows]
-            start = time.perf_counter()
-            completions = backend.generate(batch, [routes[i] for i in rows])
-            elapsed = time.perf_counter() - start
+            completions = backend.generate([requests[i] for i in rows], [routes[i] for i in rows])
             for i, comp in zip(rows, completions):
                 comp.role = requests[i].role
                 results[i] = comp
-            self.ledger.record(batch, completions, key, elapsed)
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
@@ -116,13 +104,11 @@ def make_backend(kind: str, model: str, routes: list[RoleRoute], config: Backend
     raise MapsTrainError(f"roles: unknown backend '{kind}' (vllm, openai, hf)")
 
 
-def build_router(recipe: Recipe, ledger: CostLedger | None = None) -> Router:
+def build_router(recipe: Recipe) -> Router:
     """A lazy router over the recipe's routes: adapter folders are checked now, engines start on first use."""
     for role, route in recipe.roles.items():
         if route.backend not in ("vllm", "openai", "hf"):
             raise MapsTrainError(f"roles.{role}.backend: unknown backend '{route.backend}' (vllm, openai, hf)")
         if route.adapter and route.backend in ("vllm", "hf"):
             adapter_dir(route.adapter, role)
-    return Router(
-        recipe, factory=lambda kind, model, routes: make_backend(kind, model, routes, recipe.backend), ledger=ledger
-    )
+    return Router(recipe, factory=lambda kind, model, routes: make_backend(kind, model, routes, recipe.backend))

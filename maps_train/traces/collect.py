@@ -66,9 +66,8 @@ def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bo
             records = run_method(sample_recipe(recipe, sample), questions, out_dir,
                                  backend=router, retriever=retriever, progress=progress)
             for record in records:
-                cost = record.get("cost") or {}
                 for key in ("calls", "prompt_tokens", "completion_tokens", "retrievals", "latency_s"):
-                    totals[key] += cost.get(key, 0) or 0
+                    totals[key] += getattr(record.cost, key)
             totals["questions"] += len(records)
             totals["runs"].append({"questions_file": str(path), "out_dir": str(out_dir), "sample": sample,
                                    "questions": len(records)})

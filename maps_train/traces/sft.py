@@ -22,8 +22,8 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import Recipe
-from maps_train.traces.schema import RoleCall, TraceFormatError, TraceRecord
-from maps_train.traces.writer import iter_traces
+from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord
+from maps_train.records.trace import iter_traces
 
 TRACES_FILE = "traces.jsonl"
 STATS_FILE = "stats.json"
@@ -72,7 +72,7 @@ def trace_files(traces_dir: str | Path) -> list[Path]:
 
 
 def is_correct(trace: TraceRecord) -> bool:
-    from maps_train.evaluate.metrics import score_answer
+    from maps_train.records.metrics import score_answer
 
     mode = "choice" if trace.options else "short"
     return score_answer(trace.final_answer, trace.golden_answers, mode, trace.options)["cover_em"] >= 1.0

@@ -8,15 +8,19 @@ required field, so a reader can report `file:line: field: problem` instead of fa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.jsonl import decode_object, iter_lines
+from maps_train.records.answer import Cost, RecordFormatError
 
 TRACE_SCHEMA_VERSION = 1
 
 
-class TraceFormatError(MapsTrainError):
+class TraceFormatError(RecordFormatError):
     """A trace dict that does not match this schema version; the message names the field."""
 
 
@@ -189,7 +193,7 @@ class TraceRecord:
     golden_answers: list[str] = field(default_factory=list)
     options: list[str] | None = None
     parse_failures: dict[str, int] = field(default_factory=dict)  # role -> calls whose output took the fallback
-    cost: dict[str, Any] = field(default_factory=dict)  # as in answers.jsonl
+    cost: Cost = field(default_factory=Cost)  # as in answers.jsonl
     schema_version: int = TRACE_SCHEMA_VERSION
 
     @property
@@ -205,6 +209,7 @@ class TraceRecord:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["cost"] = self.cost.to_dict()
         # Version first so a human reading the JSONL sees it at once.
         return {"schema_version": data.pop("schema_version"), **data}
 
@@ -239,6 +244,27 @@ class TraceRecord:
             golden_answers=_str_list(data, "golden_answers", "") if "golden_answers" in data else [],
             options=[str(o) for o in options] if options is not None else None,
             parse_failures=dict(failures),
-            cost=_get(data, "cost", dict, "", {}) or {},
+            cost=Cost.from_dict(_get(data, "cost", dict, "", {}) or {}, "cost", TraceFormatError),
             schema_version=version,
         )
+
+
+def iter_traces(path: str | Path) -> Iterator[tuple[int, TraceRecord | TraceFormatError]]:
+    """(line number, record or error) for every non-empty line of a traces file; never raises on content.
+
+    The error's message is already prefixed with `file:line:`, ready to report or to skip. A torn last line
+    (from a killed writer) is reported as an error too; the file is not modified.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MapsTrainError(f"{path}: no such traces file")
+    for number, line, _ in iter_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            yield number, TraceRecord.from_dict(decode_object(line, where))
+        except TraceFormatError as err:
+            yield number, TraceFormatError(f"{where}: {err}")
+        except MapsTrainError as err:  # not JSON, not UTF-8, not an object: already names the line
+            yield number, TraceFormatError(str(err))

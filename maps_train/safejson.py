@@ -1,0 +1,131 @@
+"""JSON in and out with bounds: decoding that never recurses, never raises anything but `JSONLimitError`, and
+encoding that always yields valid UTF-8.
+
+Python's `json` recurses once per nesting level (a deep input raises RecursionError), refuses integers over 4,300
+digits with a bare ValueError, accepts NaN/Infinity, and keeps lone UTF-16 surrogates (`"\\ud800"`) that later
+crash a UTF-8 writer. Everything that reads model output or a user's file goes through `loads`; everything that
+writes a record goes through `dumps_line`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 64  # records and role outputs nest a few levels; 64 is far above any legitimate file
+MAX_INT_DIGITS = 100
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class JSONLimitError(ValueError):
+    """Not JSON, or JSON beyond a bound (depth, integer size, non-finite number, invalid UTF-8)."""
+
+
+def nesting_depth(text: str, limit: int) -> int:
+    """Deepest `[`/`{` nesting outside string literals, stopping early once `limit` is passed (linear time)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise JSONLimitError(f"integer with {len(literal)} digits (limit {MAX_INT_DIGITS})")
+    return int(literal)
+
+
+def _no_constant(name: str) -> Any:
+    raise JSONLimitError(f"non-finite number {name} is not JSON")
+
+
+def _bounded_float(literal: str) -> float:
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise JSONLimitError(f"number {literal[:20]} overflows a float")
+    return value
+
+
+DECODER = json.JSONDecoder(parse_int=_bounded_int, parse_float=_bounded_float, parse_constant=_no_constant)
+
+
+def check_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
+    depth = nesting_depth(text, max_depth)
+    if depth > max_depth:
+        raise JSONLimitError(f"JSON nested deeper than {max_depth} levels")
+
+
+def loads(data: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """One JSON value, or `JSONLimitError` with a short reason (never RecursionError, UnicodeDecodeError, ...)."""
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise JSONLimitError(f"not valid UTF-8 (byte {err.start})") from None
+    check_depth(data, max_depth)
+    try:
+        return DECODER.decode(data)
+    except JSONLimitError:
+        raise
+    except json.JSONDecodeError as err:
+        raise JSONLimitError(err.msg + f" (char {err.pos})") from None
+    except (ValueError, RecursionError, OverflowError) as err:  # defensive: the bounds above should stop these
+        raise JSONLimitError(str(err)[:200]) from None
+
+
+def raw_decode(text: str, start: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int] | None:
+    """The JSON value starting at `text[start]` and where it ends, or None; never raises.
+
+    The depth check scans from `start` only as far as the nesting limit allows, so calling this at many starts
+    stays linear as long as the caller bounds the number of starts.
+    """
+    try:
+        return DECODER.raw_decode(text, start)
+    except RecursionError:
+        return None
+    except ValueError:  # JSONDecodeError, JSONLimitError, int/float bounds
+        return None
+
+
+def scrub(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def dumps_line(record: Any) -> str:
+    """One JSONL line (with its newline): non-ASCII kept, always valid UTF-8, non-finite floats written as null
+    (so `loads` reads back every line written)."""
+    try:
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False)
+    return scrub(text) + "\n"
