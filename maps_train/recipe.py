@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from maps_train.tracking import WandbConfig
+
 # Roles of the MAPS agent; baselines add their own role names (e.g. "reasoner", "condenser", "searcher").
 MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
 
@@ -68,7 +70,9 @@ class BackendConfig:
     max_lora_rank: int = 16
     cpu_kv_cache_gib: int = 2
     base_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])  # openai backend
-    api_key: str = "EMPTY"
+    # openai backend: keep it out of recipes; empty reads OPENAI_API_KEY from the environment (and a local `vllm serve`
+    # without --api-key accepts anything). Recipes are logged to trackers: see maps_train.config.redact_secrets.
+    api_key: str = ""
     concurrency: int = 32
     request_timeout_s: float = 120.0
     max_retries: int = 4
@@ -173,17 +177,6 @@ class ServeConfig:
 
 
 @dataclass
-class WandbConfig:
-    enabled: bool = False
-    project: str = "maps-train"
-    entity: str | None = None
-    group: str | None = None
-    mode: Literal["online", "offline", "disabled"] = "offline"
-    dir: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Recipe:
     name: str = "default"
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -198,13 +191,21 @@ class Recipe:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def route(self, role: str) -> RoleRoute:
-        if role in self.roles:
-            return self.roles[role]
-        if "default" in self.roles:
-            return self.roles["default"]
-        from maps_train.errors import ConfigError
+        return route_for(self.roles, role)
 
-        raise ConfigError(f"roles.{role}: no route for role '{role}' and no 'default' route")
+
+def route_for(routes: dict[str, RoleRoute], role: str) -> RoleRoute:
+    """The route of `role`: its own, else the "default" route; a one-line error naming the routed roles."""
+    if role in routes:
+        return routes[role]
+    if "default" in routes:
+        return routes["default"]
+    from maps_train.errors import ConfigError
+
+    raise ConfigError(
+        f"roles.{role}: no route for role '{role}' and no 'default' route "
+        f"(routed roles: {', '.join(sorted(routes)) or 'none'})"
+    )
 
 
 def load_recipe(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -23,7 +23,7 @@ from maps_train.evaluate.plots import pareto_front
 from maps_train.evaluate.report import build_report
 from maps_train.evaluate.results import read_results
 from maps_train.evaluate.suite import load_suite, run_suite
-from maps_train.evaluate.tracking import NullTracker, SuiteWandbConfig, make_tracker
+from maps_train.tracking import Tracker, WandbConfig, WandbTracker, make_tracker
 from maps_train.questions import Question
 
 MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
@@ -302,14 +302,15 @@ def test_pareto_front_and_parameter_names():
 
 def test_null_tracker_when_disabled(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    assert isinstance(make_tracker(SuiteWandbConfig(enabled=False), "g", tmp_path), NullTracker)
-    assert isinstance(make_tracker(SuiteWandbConfig(enabled=True, mode="disabled"), "g", tmp_path), NullTracker)
+    assert not isinstance(make_tracker(WandbConfig(enabled=False), "g", tmp_path), WandbTracker)
+    assert not isinstance(make_tracker(WandbConfig(enabled=True, mode="disabled"), "g", tmp_path), WandbTracker)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert isinstance(make_tracker(SuiteWandbConfig(enabled=True, mode="online"), "g", tmp_path), NullTracker)
-    tracker = NullTracker()
+    assert not isinstance(make_tracker(WandbConfig(enabled=True, mode="online"), "g", tmp_path), WandbTracker)
+    tracker = Tracker()
     tracker.start_run("x", {})
     tracker.log_summary({"a": 1})
     tracker.log_table("t", ["a"], [[1]])
+    tracker.log_scatter("s", ["x", "y"], [[1, 2]], "x", "y", "t")
     tracker.log_image("i", tmp_path / "none.png")
     tracker.finish_run()
 

@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
         sequences = load_sequences(input_path, references=references, relations=relations)
         options = MomentumOptions(m0, step_query, fit, beta_init, train_fraction, seed, max_paths)
-        text_encoder = TextEncoder(encoder, query_prefix=query_prefix, show_progress=True)
+        text_encoder = TextEncoder(encoder, query_prefix=query_prefix)
         extra = {"input": str(input_path), "references": references, "relations": relations}
         table = analyze_momentum(sequences, text_encoder, options, extra)
         out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(table.to_markdown())
         typer.echo("wrote " + ", ".join(str(p) for p in [*paths, out / "momentum.json", plot]))
         if wandb_log:
-            log_to_wandb("analyze-momentum", {"momentum": rows}, {"momentum_plot": plot}, wandb_project)
+            log_to_wandb("analyze-momentum", {"momentum": rows}, {"momentum_plot": plot}, wandb_project, out)
 
     @analyze_app.command("drift")
     def drift(
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         from maps_train.analysis.report import log_to_wandb, plot_drift, write_table
         from maps_train.analysis.sequences import load_sequences
 
-        text_encoder = TextEncoder(encoder, show_progress=True)
+        text_encoder = TextEncoder(encoder)
         beta_values = load_betas(betas) if betas else beta
         curves = []
         for method, path in _method_inputs(inputs):
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(drift_markdown(curves))
         typer.echo("wrote " + ", ".join(str(p) for p in [*paths, plot]))
         if wandb_log:
-            log_to_wandb("analyze-drift", {"drift": rows}, {"drift_plot": plot}, wandb_project)
+            log_to_wandb("analyze-drift", {"drift": rows}, {"drift_plot": plot}, wandb_project, out)
 
     @analyze_app.command("stops")
     def stops(
@@ -127,4 +127,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(stops_markdown(stats))
         typer.echo("wrote " + ", ".join(str(p) for p in [*paths, plot]))
         if wandb_log:
-            log_to_wandb("analyze-stops", {"stops": rows}, {"stops_plot": plot}, wandb_project)
+            log_to_wandb("analyze-stops", {"stops": rows}, {"stops_plot": plot}, wandb_project, out)

@@ -14,16 +14,9 @@ from maps_train.analysis.sequences import SubquerySequence
 DEFAULT_ENCODER = "intfloat/e5-base-v2"
 
 
-def default_prefixes(model: str) -> tuple[str, str]:
-    """(query prefix, passage prefix) the model was trained with: the retrieval stage's registry decides."""
-    from maps_train.retrieval.encoders import prefixes_for
-
-    prefixes = prefixes_for(model)
-    return prefixes.query, prefixes.passage
-
-
 class TextEncoder:
-    """A sentence-transformers model that embeds each distinct text once and returns unit vectors."""
+    """The retrieval stage's `Encoder` (same model loading, same prefixes) with a cache: each distinct text is
+    embedded once, and vectors come back as float64 for the fitting code."""
 
     def __init__(
         self,
@@ -32,37 +25,24 @@ class TextEncoder:
         passage_prefix: str | None = None,
         batch_size: int = 64,
         device: str | None = None,
-        show_progress: bool = False,
     ) -> None:
-        from sentence_transformers import SentenceTransformer
+        from maps_train.retrieval.encoders import Encoder
 
-        from maps_train.models import resolve_model
-
+        # fp32 even on GPU: the analyses compare cosines to four decimals.
+        self.encoder = Encoder(model, device=device, fp16=False, batch_size=batch_size,
+                               query_prefix=query_prefix, passage_prefix=passage_prefix)
         self.name = model
-        default_query, default_passage = default_prefixes(model)
-        self.query_prefix = default_query if query_prefix is None else query_prefix
-        self.passage_prefix = default_passage if passage_prefix is None else passage_prefix
-        self.batch_size = batch_size
-        self.show_progress = show_progress
-        self.model = SentenceTransformer(resolve_model(model), device=device)
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache: dict[tuple[str, str], np.ndarray] = {}
 
     def encode(self, texts: list[str], kind: str = "query") -> np.ndarray:
-        prefix = self.query_prefix if kind == "query" else self.passage_prefix
-        keys = [prefix + text for text in texts]
+        keys = [(kind, text) for text in texts]
         missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
         if missing:
-            vectors = self.model.encode(
-                missing,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=self.show_progress,
-            )
-            self._cache.update(zip(missing, vectors.astype(np.float64)))
+            texts_missing = [text for _, text in missing]
+            encode = self.encoder.encode_queries if kind == "query" else self.encoder.encode_passages
+            self._cache.update(zip(missing, encode(texts_missing).astype(np.float64)))
         if not keys:
-            dimension = getattr(self.model, "get_embedding_dimension", self.model.get_sentence_embedding_dimension)
-            return np.zeros((0, dimension() or 0))
+            return np.zeros((0, self.encoder.dim))
         return np.stack([self._cache[k] for k in keys])
 
 

@@ -300,5 +300,5 @@ def analyze_momentum(sequences, encoder, options: MomentumOptions, extra_options
     traj = trajectories_from_rounds(
         [s.id for s in sequences], questions, rounds, options.step_query, options.max_paths, options.seed
     )
-    extra = {"encoder": encoder.name, "query_prefix": repr(encoder.query_prefix), **(extra_options or {})}
+    extra = {"encoder": encoder.name, "query_prefix": repr(encoder.encoder.prefixes.query), **(extra_options or {})}
     return momentum_table(traj, options, extra)

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from maps_train.plotting import pyplot
+
 
 def write_table(out_dir: Path, stem: str, rows: list[dict[str, Any]], markdown: str) -> list[Path]:
     """`<stem>.md` and `<stem>.csv` under `out_dir`."""
@@ -21,17 +23,8 @@ def write_table(out_dir: Path, stem: str, rows: list[dict[str, Any]], markdown: 
     return [md_path, csv_path]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_momentum(table, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     steps = [s.step for s in table.steps]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     left.plot(steps, [s.s_train for s in table.steps], "o-", label="train")
@@ -51,7 +44,7 @@ def plot_momentum(table, path: Path) -> Path:
 
 
 def plot_drift(curves, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     panels = [
         ("question_drift", "1 - cos(sub-query, question)"),
@@ -74,7 +67,7 @@ def plot_drift(curves, path: Path) -> Path:
 
 
 def plot_stops(stats, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axis = plt.subplots(figsize=(6, 3.5))
     max_round = max(max(s.histogram) for s in stats)
     width = 0.8 / len(stats)
@@ -90,16 +83,17 @@ def plot_stops(stats, path: Path) -> Path:
 
 
 def log_to_wandb(
-    name: str, tables: dict[str, list[dict[str, Any]]], images: dict[str, Path], project: str = "maps-train"
+    name: str, tables: dict[str, list[dict[str, Any]]], images: dict[str, Path], project: str, out_dir: Path
 ) -> None:
-    """One W&B run with the tables and plots (mode from WANDB_MODE; offline works without network)."""
-    import wandb
+    """One W&B run with the tables and plots, through the project's tracker (WANDB_MODE wins; offline works)."""
+    from maps_train.tracking import WandbConfig, make_tracker
 
-    run = wandb.init(project=project, name=name, job_type="analysis")
+    tracker = make_tracker(WandbConfig(enabled=True, project=project), "analysis", out_dir)
+    tracker.start_run(name, {"tables": sorted(tables)}, job_type="analysis")
     for key, rows in tables.items():
         if rows:
             columns = list(rows[0])
-            run.log({key: wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])})
+            tracker.log_table(key, columns, [[r[c] for c in columns] for r in rows])
     for key, image in images.items():
-        run.log({key: wandb.Image(str(image))})
-    run.finish()
+        tracker.log_image(key, image)
+    tracker.finish_run()

@@ -13,15 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.evaluate.summary import AVG
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from maps_train.plotting import pyplot
 
 
 def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -49,7 +41,7 @@ def _cost(cell: dict[str, Any], key: str) -> float:
 
 
 def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     key, label = cost_axis(summary)
     # The average panel only adds something when there is more than one data set.
     panels = summary["datasets"] + ([AVG] if len(summary["datasets"]) > 1 else [])
@@ -111,7 +103,7 @@ def _label_offsets(points: list[tuple[float, float, str]]) -> list[tuple[int, in
 
 
 def plot_stop_rounds(summary: dict[str, Any], path: str | Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     systems = [s for s in summary["systems"] if summary["cells"][s][AVG]["rounds"]]
     rounds = sorted({int(r) for s in systems for r in summary["cells"][s][AVG]["rounds"]})
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(rounds) * max(len(systems), 1) + 2), 3.8))

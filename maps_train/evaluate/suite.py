@@ -32,9 +32,9 @@ from maps_train.evaluate.datasets import dataset_info, load_eval_questions, samp
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
 from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
-from maps_train.evaluate.tracking import SuiteWandbConfig, Tracker, make_tracker
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
+from maps_train.tracking import Tracker, WandbConfig, make_tracker
 
 RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
 
@@ -70,7 +70,7 @@ class SuiteConfig:
     data_root: str = "data"  # default local layout <data_root>/<name>/<split>.jsonl (FlashRAG's)
     datasets: list[DatasetSpec] = field(default_factory=list)
     systems: list[SystemSpec] = field(default_factory=list)
-    wandb: SuiteWandbConfig = field(default_factory=SuiteWandbConfig)
+    wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="maps-train-eval"))
 
 
 @dataclass
@@ -189,6 +189,7 @@ def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: 
             spec.name,
             {"suite": suite.name, "system": to_dict(spec), "recipe": to_dict(recipes[spec.name]),
              "datasets": to_dict(suite.datasets)},
+            job_type="eval",
         )
         metrics: dict[str, Any] = {}
         for dataset, cell in summary["cells"][spec.name].items():
@@ -206,6 +207,10 @@ def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: 
             for r in rows if r["system"] == spec.name
         ]
         tracker.log_table("results", columns, table)
+        # Per question, Cover-EM against tokens: W&B's own scatter, so any other column can be tried in the UI.
+        tracker.log_scatter("cover_em_vs_tokens", ["question_id", "dataset", "tokens", "cover_em", "compute_tflops"],
+                            [[row[1], row[0], row[12] + row[13], row[5], row[16]] for row in table],
+                            x="tokens", y="cover_em", title=f"{spec.name}: Cover-EM vs tokens per question")
         tracker.log_image("cover_em_vs_cost", files.cost_plot)
         tracker.log_image("stop_rounds", files.rounds_plot)
         tracker.finish_run()

@@ -69,7 +69,7 @@ class Router:
         for i, route in enumerate(routes):
             groups[engine_key(route)].append(i)
         results: list[Completion | None] = [None] * len(requests)
-        for key, rows in groups.items():
+        for rows in groups.values():
             backend = self.backend(routes[rows[0]])
             completions = backend.generate([requests[i] for i in rows], [routes[i] for i in rows])
             for i, comp in zip(rows, completions):

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable)."""
         from maps_train.config import to_dict
-        from maps_train.evaluate.tracking import SuiteWandbConfig, make_tracker
+        from maps_train.tracking import make_tracker
         from maps_train.recipe import load_recipe
         from maps_train.traces.collect import collect_traces
 
@@ -25,13 +25,8 @@ def register(app: typer.Typer) -> None:
         for run in runs:
             typer.echo(f"{run['questions']} questions -> {run['out_dir']}")
         typer.echo("teacher cost: " + json.dumps(totals))
-        w = loaded.wandb
-        tracker = make_tracker(
-            SuiteWandbConfig(enabled=w.enabled, project=w.project, entity=w.entity, group=w.group, mode=w.mode,
-                             dir=w.dir),
-            loaded.name, loaded.traces.out_dir,
-        )
-        tracker.start_run(f"{loaded.name}-traces", to_dict(loaded))
+        tracker = make_tracker(loaded.wandb, loaded.name, loaded.traces.out_dir)
+        tracker.start_run(f"{loaded.name}-traces", to_dict(loaded), job_type="traces")
         tracker.log_summary({f"traces/{key}": value for key, value in totals.items()})
         tracker.finish_run()
 

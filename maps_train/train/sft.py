@@ -6,13 +6,13 @@ Kept apart from the entry point so tests and benchmarks build exactly the config
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.tracking import wandb_environment
 from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
@@ -94,28 +94,6 @@ def build_lora_config(train):
     )
 
 
-def wandb_report_to(recipe) -> list[str]:
-    """Route the trainer's logs to W&B when the recipe asks (transformers v5 reports nowhere by default).
-
-    The recipe's W&B fields go into the environment, where the transformers integration reads them; a WANDB_MODE
-    already in the environment wins, so `WANDB_MODE=offline` keeps any recipe off the network.
-    """
-    wandb = recipe.wandb
-    if not wandb.enabled or wandb.mode == "disabled":
-        return []
-    os.environ.setdefault("WANDB_MODE", wandb.mode)
-    os.environ["WANDB_PROJECT"] = wandb.project
-    os.environ["WANDB_RUN_GROUP"] = wandb.group or recipe.name
-    if wandb.entity:
-        os.environ["WANDB_ENTITY"] = wandb.entity
-    if wandb.dir:
-        Path(wandb.dir).mkdir(parents=True, exist_ok=True)
-        os.environ["WANDB_DIR"] = wandb.dir
-    if wandb.tags:
-        os.environ["WANDB_TAGS"] = ",".join(wandb.tags)
-    return ["wandb"]
-
-
 def build_sft_config(recipe, adapter: str, precision: Precision):
     """The `trl.SFTConfig` for one adapter; `train.sft_kwargs` overrides any field."""
     from trl import SFTConfig
@@ -149,7 +127,7 @@ def build_sft_config(recipe, adapter: str, precision: Precision):
         save_only_model=False,
         eval_strategy="no",
         seed=train.seed,
-        report_to=wandb_report_to(recipe) or "none",
+        report_to=["wandb"] if wandb_environment(recipe.wandb, recipe.name) else "none",
         ddp_find_unused_parameters=False,  # every LoRA weight gets a gradient each step
         dataset_num_proc=None,
         model_init_kwargs=None,
