@@ -7,12 +7,12 @@ appear in `--help`. Every `MapsTrainError` is printed as one line on stderr with
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 import typer
 
 from maps_train.errors import MapsTrainError
+from maps_train.platform import apply_runtime_defaults
 
 app = typer.Typer(
     name="maps-train",
@@ -45,27 +45,24 @@ def config_show(
     recipe: str = typer.Argument(None, help="A recipe YAML file (defaults when omitted)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. agent.num_directions=4"),
 ) -> None:
-    """Print the resolved recipe: file values, overrides and defaults."""
-    from maps_train.config import dump_yaml
+    """Print the resolved recipe: file values, overrides and defaults (secrets such as backend.api_key as ***)."""
+    from maps_train.config import dump_yaml, redact_secrets
     from maps_train.recipe import load_recipe
 
-    typer.echo(dump_yaml(load_recipe(recipe, overrides or [])), nl=False)
+    # printed output ends up in terminals, logs and bug reports: never echo a key
+    typer.echo(dump_yaml(redact_secrets(load_recipe(recipe, overrides or []))), nl=False)
 
 
 def _register_all() -> None:
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        module = importlib.import_module(name)
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
+        importlib.import_module(name).register(app)
 
 
 _register_all()
 
 
 def main() -> None:
+    apply_runtime_defaults()
     try:
         app()
     except MapsTrainError as err:

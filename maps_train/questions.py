@@ -1,7 +1,14 @@
-"""The question record every method answers and every dataset loader yields (FlashRAG JSONL convention)."""
+"""The question record every method answers and every dataset loader yields (FlashRAG JSONL convention).
+
+Every row is checked field by field (`question_from_row`), so a wrong type is one error line naming the file, line
+and field rather than a silent misread: `golden_answers: "Paris"` is the one alias "Paris" (not five letters), a
+null id is an error (an absent id is generated as `{dataset}-{line}`), `options` must be a list of strings. A
+question id seen twice in one file is an error naming both lines (results are keyed by id).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,27 +32,149 @@ class Question:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any], dataset: str = "") -> Question:
-        return cls(
-            id=str(row["id"]),
-            question=str(row["question"]),
-            golden_answers=[str(a) for a in row.get("golden_answers") or []],
-            options=row.get("options"),
-            dataset=row.get("dataset") or dataset,
-            metadata=row.get("metadata") or {},
-        )
+    def from_dict(cls, row: dict[str, Any], dataset: str = "", where: str = "question") -> Question:
+        """A checked Question; a bad field raises `MapsTrainError` starting with `where` (`file:line`)."""
+        return question_from_row(row, where, dataset)
+
+
+# --- field checks: each returns the value to store or raises naming `where: field` ------------------------------
+
+
+def _kind(value: Any) -> str:
+    """A JSON-ish name for a value's type, for error messages."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _check_id(value: Any, where: str) -> str:
+    # bool is an int subclass and a float id (1.0 vs 1) would not round-trip: both are refused
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise MapsTrainError(f"{where}: id: expected a string or an integer, got {_kind(value)}")
+    text = str(value)
+    if not text.strip():
+        raise MapsTrainError(f"{where}: id: empty string (leave the field out to get a generated id)")
+    return text
+
+
+def _check_question(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise MapsTrainError(f"{where}: question: expected a string, got {_kind(value)}")
+    if not value.strip():
+        raise MapsTrainError(f"{where}: question: empty string")
+    return value
+
+
+def _answer_text(value: Any, where: str) -> str:
+    """One gold alias: strings as they are, numbers (FlashRAG has numeric answers) as their decimal text."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise MapsTrainError(f"{where}: expected a string or a number, got {_kind(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MapsTrainError(f"{where}: expected a finite number, got {value}")
+    text = str(value)
+    if not text.strip():
+        # an empty alias is a substring of every answer: cover-EM would score everything correct
+        raise MapsTrainError(f"{where}: empty answer")
+    return text
+
+
+def _check_golden_answers(value: Any, where: str) -> list[str]:
+    if value is None:  # absent or null: a question without gold answers (e.g. for inference only)
+        return []
+    if isinstance(value, str):  # one alias, not one alias per character
+        return [_answer_text(value, f"{where}: golden_answers")]
+    if not isinstance(value, list):
+        raise MapsTrainError(f"{where}: golden_answers: expected a list of strings (or one string), got {_kind(value)}")
+    return [_answer_text(item, f"{where}: golden_answers[{i}]") for i, item in enumerate(value)]
+
+
+def _check_options(value: Any, where: str) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):  # a string would silently become one option per character
+        raise MapsTrainError(f"{where}: options: expected a list of strings, got {_kind(value)}")
+    if not value:
+        raise MapsTrainError(f"{where}: options: empty list (leave the field out for a short-answer question)")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise MapsTrainError(f"{where}: options[{i}]: expected a string, got {_kind(item)}")
+        if not item.strip():
+            raise MapsTrainError(f"{where}: options[{i}]: empty string")
+    return list(value)
+
+
+def _check_metadata(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MapsTrainError(f"{where}: metadata: expected an object, got {_kind(value)}")
+    return value
+
+
+def _check_dataset(value: Any, where: str, default: str) -> str:
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise MapsTrainError(f"{where}: dataset: expected a string, got {_kind(value)}")
+    return value
+
+
+def question_from_row(row: dict[str, Any], where: str, dataset: str = "") -> Question:
+    """One decoded row (FlashRAG fields) as a Question; every error starts with `where: field`.
+
+    `id` is required here (callers that generate ids for rows without one add it first); `golden_answers`,
+    `options` and `metadata` may be absent or null. Other fields are ignored.
+    """
+    if "id" not in row:
+        raise MapsTrainError(f"{where}: missing field 'id'")
+    if "question" not in row:
+        raise MapsTrainError(f"{where}: missing field 'question'")
+    return Question(
+        id=_check_id(row["id"], where),
+        question=_check_question(row["question"], where),
+        golden_answers=_check_golden_answers(row.get("golden_answers"), where),
+        options=_check_options(row.get("options"), where),
+        dataset=_check_dataset(row.get("dataset"), where, dataset),
+        metadata=_check_metadata(row.get("metadata"), where),
+    )
+
+
+class UniqueIds:
+    """Where each question id was first seen; seeing one again is an error naming both places.
+
+    `add(id, where, place)`: `where` starts the error line (`file:7`), `place` is how the first sighting is
+    named in a later error (`line 7`, `row 7`).
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[str, str] = {}
+
+    def add(self, question_id: str, where: str, place: str) -> None:
+        if question_id in self._first:
+            first = self._first[question_id]
+            raise MapsTrainError(f"{where}: id: question id {question_id!r} appears twice (first at {first})")
+        self._first[question_id] = place
+
+
+# --- files --------------------------------------------------------------------------------------------------------
 
 
 def iter_questions(path: str | Path, dataset: str | None = None) -> Iterator[Question]:
-    """Read FlashRAG-format JSONL (`id`, `question`, `golden_answers`, `metadata`); errors name file and line."""
+    """Read FlashRAG-format JSONL (`id`, `question`, `golden_answers`, `metadata`); errors name file and line.
+
+    A row without `id` gets `{dataset}-{line}`; an id seen twice is an error naming both lines.
+    """
     path = Path(path)
     name = dataset if dataset is not None else path.parent.name
+    seen = UniqueIds()
     for number, row in iter_jsonl(path, "questions file"):
-        if "question" not in row:
-            raise MapsTrainError(f"{path}:{number}: missing field 'question'")
+        where = f"{path}:{number}"
         if "id" not in row:
             row = {**row, "id": f"{name}-{number}"}
-        yield Question.from_dict(row, dataset=name)
+        question = question_from_row(row, where, dataset=name)
+        seen.add(question.id, where, f"line {number}")
+        yield question
 
 
 def load_questions(path: str | Path, dataset: str | None = None, limit: int | None = None) -> list[Question]:

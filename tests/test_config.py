@@ -83,3 +83,92 @@ def test_cli_config_show_and_one_line_error(tmp_path):
     assert bad.returncode == 2
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert lines == [f"maps-train: error: {path}: agent.max_round: unknown key (did you mean 'max_rounds'?)"]
+
+
+# ---- secrets: redacted wherever a recipe is shown or logged ----
+
+
+def test_redact_secrets_masks_every_secret_looking_key():
+    from maps_train.config import redact_secrets
+
+    raw = {
+        "backend": {"api_key": "sk-live", "base_urls": ["http://h/v1"], "max_tokens": 5},
+        "hub": {"HF_TOKEN": "hf_x", "token": "t", "Authorization": "Bearer x", "X-Api-Key": "k", "password": "p"},
+        "extra": [{"aws_secret_access_key": "s", "client_secret": "c", "refresh_token": {"nested": "t"}}],
+        "empty": {"api_key": "", "token": None},
+        "keys": {"sort_key": "id"},  # ends in _key: masked too (a false positive is cheaper than a leak)
+        "overrides": ["agent.num_directions=4", "backend.api_key=sk-live", "hub.HF_TOKEN=", "note=token=x"],
+    }
+    redacted = redact_secrets(raw)
+    assert redacted["backend"] == {"api_key": "***", "base_urls": ["http://h/v1"], "max_tokens": 5}
+    assert set(redacted["hub"].values()) == {"***"}
+    assert redacted["extra"] == [{"aws_secret_access_key": "***", "client_secret": "***", "refresh_token": "***"}]
+    assert redacted["empty"] == {"api_key": "", "token": None}  # shows that nothing was set
+    assert redacted["keys"] == {"sort_key": "***"}
+    assert redacted["overrides"] == ["agent.num_directions=4", "backend.api_key=***", "hub.HF_TOKEN=", "note=token=x"]
+    assert raw["backend"]["api_key"] == "sk-live"  # a copy: the original is untouched
+    redacted["backend"]["base_urls"].append("x")
+    assert raw["backend"]["base_urls"] == ["http://h/v1"]
+    # a recipe dataclass is accepted as it is
+    recipe = load_recipe(None, ["backend.api_key=sk-live"])
+    assert redact_secrets(recipe)["backend"]["api_key"] == "***" and recipe.backend.api_key == "sk-live"
+
+
+def test_api_key_defaults_to_the_environment(monkeypatch):
+    from maps_train.llm.openai_backend import NO_KEY, api_key
+    from maps_train.recipe import BackendConfig
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert BackendConfig().api_key == "" and api_key(BackendConfig()) == NO_KEY
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    assert api_key(BackendConfig()) == "sk-env"
+    assert api_key(BackendConfig(api_key="sk-recipe")) == "sk-recipe"
+
+
+def test_cli_config_show_redacts_and_bad_bytes_are_one_line(tmp_path):
+    path = write(tmp_path, "backend:\n  api_key: sk-live-123\n")
+    shown = run_cli("config", "show", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert "api_key: '***'" in shown.stdout and "sk-live-123" not in shown.stdout
+    path.write_bytes(b"agent:\n  max_rounds: 4\n  max_rounds: 5\n")
+    bad = run_cli("config", "show", str(path))
+    assert bad.returncode == 2
+    assert [line for line in bad.stderr.splitlines() if line.strip()] == [
+        f"maps-train: error: {path}:3: duplicate key 'max_rounds' (first at line 2)"
+    ]
+
+
+# ---- names that become folder names ----
+
+
+@pytest.mark.parametrize("name", ["nq", "2wikimultihopqa", "maps-qwen3_4b.v2", "A" * 100, "_x"])
+def test_plain_names_pass(name):
+    from maps_train.config import check_plain_name
+
+    assert check_plain_name(name, "systems[0].name") == name
+
+
+@pytest.mark.parametrize(
+    "name, shown, rule",
+    [
+        ("..", "'..'", "; not starting with '.' or '-'"),
+        (".hidden", "'.hidden'", "; not starting with '.' or '-'"),
+        ("-rf", "'-rf'", "; not starting with '.' or '-'"),
+        ("a/b", "'a/b'", ""),
+        ("../out", "'../out'", "; not starting with '.' or '-'"),
+        ("", "''", ""),
+        ("a\x00b", "'a\\x00b'", ""),
+        ("a b", "'a b'", ""),
+        ("nq\n", "'nq\\n'", ""),
+        ("x" * 101, "'" + "x" * 60 + "'...", "; at most 100 characters"),
+        (None, "None", ""),
+    ],
+)
+def test_unsafe_names_are_one_line_errors(name, shown, rule):
+    from maps_train.config import check_plain_name
+
+    with pytest.raises(ConfigError) as err:
+        check_plain_name(name, "suite.yaml: systems[0].name")
+    assert str(err.value) == (
+        f"suite.yaml: systems[0].name: {shown} is not a plain name (letters, digits, '.', '_', '-'{rule})"
+    )

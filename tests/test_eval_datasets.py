@@ -8,8 +8,8 @@ import pytest
 
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.datasets import DATASETS, load_eval_questions, load_gpqa_csv, sample
-from maps_train.evaluate.metrics import LETTERS
 from maps_train.questions import Question
+from maps_train.records.metrics import LETTERS
 
 REALDATA_FILES = {
     "hotpotqa": ("hotpotqa/dev.jsonl", 712),

@@ -4,7 +4,11 @@
   `metadata`), read from a local file with `maps_train.questions.load_questions`, or, for online users, from the
   hub set `RUC-NLPIR/FlashRAG_datasets` (one config per data set, e.g. `nq`, split `test`).
 - GPQA Diamond: the official CSV (`Question`, `Correct Answer`, `Incorrect Answer 1`..`3`); the four options are
-  shuffled per question with a recorded seed and the gold answer is the letter of the correct one.
+  shuffled per question with a recorded seed and the gold answer is the letter of the correct one. The CSV must be
+  UTF-8 (a leading BOM, as Excel writes it, is dropped so `Record ID` keeps its name); errors name the file line
+  where the record starts, which differs from the row number once a quoted cell spans lines.
+
+Every loader rejects a question id seen twice in one data set, naming both places (results are keyed by id).
 
 The default local layout is FlashRAG's, `<data_root>/<name>/<split>.jsonl`, which is also the layout of
 `../shared/realdata`: `data_root: ../shared/realdata` loads those files as they are.
@@ -13,16 +17,18 @@ The default local layout is FlashRAG's, `<data_root>/<name>/<split>.jsonl`, whic
 from __future__ import annotations
 
 import csv
+import io
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from maps_train.config import decode_utf8
 from maps_train.errors import MapsTrainError
-from maps_train.evaluate.metrics import LETTERS
-from maps_train.questions import Question, load_questions
+from maps_train.questions import Question, UniqueIds, load_questions
+from maps_train.records.metrics import LETTERS
 
 FLASHRAG_HUB = "RUC-NLPIR/FlashRAG_datasets"
 GPQA_HUB = "Idavidrein/gpqa"  # gated: accept the terms on the hub page first
@@ -94,17 +100,55 @@ def gpqa_question(row: dict[str, Any], number: int, seed: int, where: str) -> Qu
     )
 
 
+def iter_csv_records(
+    path: Path, required: Sequence[str] = (), header_hint: str = "a header row"
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line where the record starts, header -> cell) for every non-blank record of a UTF-8 CSV file.
+
+    The header is line 1 and must name every `required` column. Bad bytes, a cell over `csv.field_size_limit()`
+    characters, or a record with more cells than the header (a quoting slip) is a `MapsTrainError` naming
+    `path:line`.
+    """
+    text = decode_utf8(path.read_bytes(), path)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    start = 1
+    try:
+        header = [name.strip() for name in next(reader, [])]
+        missing = [column for column in required if column not in header]
+        if missing:
+            raise MapsTrainError(f"{path}:1: missing column '{missing[0]}' (expected {header_hint})")
+        while True:
+            start = reader.line_num + 1
+            cells = next(reader, None)
+            if cells is None:
+                return
+            if not cells:  # a blank line
+                continue
+            if len(cells) > len(header):
+                raise MapsTrainError(f"{path}:{start}: {len(cells)} cells but the header names {len(header)} columns")
+            yield start, dict(zip(header, cells))
+    except csv.Error as err:
+        line = max(reader.line_num, start)
+        if "field larger than field limit" in str(err):
+            raise MapsTrainError(
+                f"{path}:{line}: a cell is longer than {csv.field_size_limit()} characters (csv.field_size_limit)"
+            ) from None
+        raise MapsTrainError(f"{path}:{line}: invalid CSV ({err})") from None
+
+
 def load_gpqa_csv(path: str | Path, seed: int = 0) -> list[Question]:
     path = Path(path)
     if not path.is_file():
         raise MapsTrainError(f"{path}: no such GPQA CSV (see data/README.md for the official release)")
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in GPQA_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise MapsTrainError(f"{path}:1: missing column '{missing[0]}' (expected the official GPQA CSV header)")
-        # Line numbers count the header as line 1.
-        return [gpqa_question(row, number, seed, f"{path}:{number + 1}") for number, row in enumerate(reader, start=1)]
+    questions: list[Question] = []
+    seen = UniqueIds()
+    records = iter_csv_records(path, GPQA_COLUMNS, "the official GPQA CSV header")
+    for number, (line, row) in enumerate(records, start=1):
+        where = f"{path}:{line}"
+        question = gpqa_question(row, number, seed, where)
+        seen.add(question.id, where, f"line {line}")
+        questions.append(question)
+    return questions
 
 
 # --- hub ----------------------------------------------------------------------------------------------------------
@@ -163,11 +207,25 @@ def load_eval_questions(
     else:
         hub_config = config or (info.hub_config if info and info.hub_config else name)
         rows = load_hub_rows(hub, hub_config, split, name)
-        if is_gpqa:
-            questions = [gpqa_question(dict(row), i, seed, f"{hub}:{hub_config}/{split}[{i}]") for i, row in enumerate(rows, 1)]
-        else:
-            questions = [Question.from_dict(_with_id(dict(row), name, i), dataset=name) for i, row in enumerate(rows, 1)]
+        questions = _hub_questions(rows, f"{hub}:{hub_config}/{split}", name, is_gpqa, seed)
     return [q if q.dataset == name else replace(q, dataset=name) for q in questions]
+
+
+def _hub_questions(
+    rows: Iterable[dict[str, Any]], source: str, name: str, is_gpqa: bool, seed: int
+) -> list[Question]:
+    """Hub rows as checked Questions; errors name `hub:config/split[row]`."""
+    questions = []
+    seen = UniqueIds()
+    for number, row in enumerate(rows, 1):
+        where = f"{source}[{number}]"
+        if is_gpqa:
+            question = gpqa_question(dict(row), number, seed, where)
+        else:
+            question = Question.from_dict(_with_id(dict(row), name, number), dataset=name, where=where)
+        seen.add(question.id, where, f"row {number}")
+        questions.append(question)
+    return questions
 
 
 def _with_id(row: dict[str, Any], name: str, number: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from maps_train.config import dump_yaml, load_config, to_dict
+from maps_train.config import check_plain_name, dump_yaml, load_config, to_dict
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
@@ -85,15 +85,15 @@ class SuiteOutcome:
 
 def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> SuiteConfig:
     suite = load_config(SuiteConfig, path, overrides)
+    check_plain_name(suite.name, f"{path}: name")  # names become folders and W&B runs: never a path
     for kind, specs in (("datasets", suite.datasets), ("systems", suite.systems)):
         if not specs:
             raise ConfigError(f"{path}: {kind}: the suite lists none")
         names = [s.name for s in specs]
         for index, name in enumerate(names):
+            check_plain_name(name, f"{path}: {kind}[{index}].name")
             if names.index(name) != index:
                 raise ConfigError(f"{path}: {kind}[{index}].name: '{name}' appears twice")
-            if not name or "/" in name:
-                raise ConfigError(f"{path}: {kind}[{index}].name: '{name}' is not a usable folder name")
     return suite
 
 
@@ -154,17 +154,13 @@ def _select(specs: list, names: Sequence[str] | None, kind: str, path: Path) -> 
 
 
 def load_suite_questions(suite: SuiteConfig, specs: list[DatasetSpec], suite_path: Path) -> dict[str, list[Question]]:
-    """Every data set of the suite, sampled; duplicate ids fail (results are keyed by id)."""
+    """Every data set of the suite, sampled (the loaders refuse duplicate ids: results are keyed by id)."""
     questions = {}
     for spec in specs:
         loaded = load_eval_questions(
             spec.name, path=spec.path, hub=spec.hub, split=spec.split, seed=spec.seed,
             data_root=suite.data_root, config=spec.config,
         )
-        ids = [q.id for q in loaded]
-        if len(set(ids)) != len(ids):
-            duplicate = next(i for i in ids if ids.count(i) > 1)
-            raise MapsTrainError(f"{suite_path}: dataset '{spec.name}': question id '{duplicate}' appears twice")
         questions[spec.name] = sample(loaded, spec.sample, spec.seed)
     return questions
 

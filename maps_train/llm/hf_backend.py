@@ -25,6 +25,7 @@ from maps_train.llm.common import (
     split_thinking,
 )
 from maps_train.llm.types import ChatRequest, Completion
+from maps_train.models.resolve import require_safetensors_adapter
 from maps_train.recipe import BackendConfig, RoleRoute
 
 BASE = "__base__"
@@ -32,7 +33,6 @@ BASE = "__base__"
 
 class HFBackend:
     kind = "hf"
-    supports_structured_output = False
 
     def __init__(self, model: str, config: BackendConfig | None = None, device: str | None = None):
         import torch
@@ -64,6 +64,8 @@ class HFBackend:
         if path in self._adapters:
             return self._adapters[path]
         folder = adapter_dir(path, role)
+        # PEFT silently falls back to torch.load of adapter_model.bin: refuse pickles before it looks
+        require_safetensors_adapter(folder, f"roles.{role}.adapter")
         name = adapter_name(path)
         taken = set(self._adapters.values())
         suffix = 2
@@ -71,6 +73,8 @@ class HFBackend:
             name, suffix = f"{adapter_name(path)}_{suffix}", suffix + 1
         from peft import PeftModel
 
+        # No use_safetensors here: PEFT's local loader does not read it (it picks whichever file exists), so the
+        # check above is what keeps pickles out.
         if isinstance(self.model, PeftModel):
             self.model.load_adapter(str(folder), adapter_name=name)
         else:

@@ -7,12 +7,16 @@ base model (found once from `/v1/models`). vLLM extras go in `extra_body`: `chat
 `structured_outputs={"json": schema}`, and for `truncate_prompt: left` the server's `truncate_prompt_tokens`
 (keeps the newest tokens). Timeouts, connection errors, 429 and 5xx are retried with exponential backoff
 (`max_retries`, `retry_backoff_s`); then, as on any other refusal, one MapsTrainError line.
+
+The API key comes from `backend.api_key`, or when that is empty from `$OPENAI_API_KEY`, so that recipes (which are
+logged and shared) need not hold it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
 from collections import Counter
@@ -23,6 +27,13 @@ from maps_train.llm.common import CallSpec, adapter_name, call_spec, default_rou
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, RoleRoute
 
+NO_KEY = "EMPTY"  # what the client sends when no key is set: a vLLM server without --api-key accepts anything
+
+
+def api_key(config: BackendConfig) -> str:
+    """`backend.api_key`, else `$OPENAI_API_KEY`, else a placeholder (the client refuses an empty key)."""
+    return config.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY
+
 
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
@@ -31,7 +42,6 @@ def _one_line(err: BaseException) -> str:
 
 class OpenAIBackend:
     kind = "openai"
-    supports_structured_output = True
 
     def __init__(self, config: BackendConfig | None = None):
         self.config = config or BackendConfig()
@@ -58,7 +68,7 @@ class OpenAIBackend:
         self._slots = {u: asyncio.Semaphore(max(1, self.config.concurrency)) for u in self.urls}
         return {
             u: AsyncOpenAI(
-                base_url=u, api_key=self.config.api_key, timeout=self.config.request_timeout_s, max_retries=0
+                base_url=u, api_key=api_key(self.config), timeout=self.config.request_timeout_s, max_retries=0
             )  # retries are ours: same policy for every error kind
             for u in self.urls
         }

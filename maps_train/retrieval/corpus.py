@@ -12,10 +12,22 @@ cache is also keyed by mtime, so an edited file is always rescanned.
 
 The fingerprint is `size + sha256 of 16 evenly spaced 64 KiB blocks` (head and tail included), not a sha256 of the
 whole file: a 13 GB corpus fingerprints in milliseconds, and a copy on another machine (new mtime) still matches.
+
+Bad input is one error line naming the file and line: invalid UTF-8, invalid JSON (including nesting past Python's
+recursion limit or integers past its digit limit), an id that is not a string or an integer, a TSV cell over
+`csv.field_size_limit()` characters. A UTF-8 BOM at the start of the file (Excel, some Windows tools) is dropped, so
+a DPR header behind one is still recognised as the header rather than indexed as a passage.
+
+Passage ids must be unique: the retriever answers with ids, so a repeated id would be indexed and served twice.
+Reading a row does not look for repeats (that needs the whole file); `require_unique_ids` does, and the index
+builders call it before embedding anything: the first repeated id is an error naming both lines. We refuse rather
+than dedupe because two passages under one id are usually two different texts (a merge gone wrong), and keeping
+either one would silently change what the index returns.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import json
@@ -32,6 +44,8 @@ from maps_train.errors import MapsTrainError
 FINGERPRINT_METHOD = "size+sha256(16 evenly spaced 64KiB blocks)"
 _BLOCK = 64 * 1024
 _SCAN_BLOCK = 64 * 1024 * 1024
+# Bumped when the rows found in a file change: version 2 drops a DPR header that sits behind a BOM.
+_OFFSETS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,7 @@ def _offsets_cache(path: Path, print_: str) -> Path:
     """Keyed by fingerprint AND mtime: any edit (even one the sampled fingerprint misses) rescans the file."""
     from maps_train.paths import home
 
-    return home() / "corpus-offsets" / f"{path.stem}-{print_}-{path.stat().st_mtime_ns}.npy"
+    return home() / "corpus-offsets" / f"{path.stem}-{print_}-{path.stat().st_mtime_ns}-v{_OFFSETS_VERSION}.npy"
 
 
 class Corpus:
@@ -136,7 +150,7 @@ class Corpus:
             return offsets
         with self.path.open("rb") as handle:
             handle.seek(int(offsets[0]))
-            first = handle.readline()
+            first = handle.readline().removeprefix(codecs.BOM_UTF8)
         return offsets[1:] if first.split(b"\t", 1)[0].strip().lower() == b"id" else offsets
 
     def __len__(self) -> int:
@@ -170,10 +184,16 @@ class Corpus:
             newlines += self._mm[start : min(start + _SCAN_BLOCK, byte_offset)].count(b"\n")
         return newlines + 1
 
+    def row_error(self, row: int, what: str) -> MapsTrainError:
+        """`MapsTrainError` naming the file line of `row`."""
+        return self._error(int(self.offsets[row]), what)
+
     def _error(self, byte_offset: int, what: str) -> MapsTrainError:
         return MapsTrainError(f"{self.path}:{self.line_number(byte_offset)}: {what}")
 
     def _parse(self, raw: bytes, byte_offset: int) -> Passage:
+        if byte_offset == 0:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
         try:
             line = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError:
@@ -183,31 +203,108 @@ class Corpus:
         return self._parse_jsonl(line, byte_offset)
 
     def _parse_jsonl(self, line: str, byte_offset: int) -> Passage:
+        # json, not maps_train.safejson: this runs for every passage of a 21M-row corpus, and safejson's depth scan
+        # in Python would cost minutes per build. The bad cases still end here as one line: too deep is a
+        # RecursionError, a 5,000-digit integer a ValueError, and only string fields are used (NaN cannot land).
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise self._error(byte_offset, f"invalid JSON ({err.msg} at column {err.colno})") from None
+        except RecursionError:
+            raise self._error(byte_offset, "invalid JSON (nested too deeply)") from None
+        except ValueError as err:
+            raise self._error(byte_offset, f"invalid JSON ({str(err).split(';')[0]})") from None
         if not isinstance(row, dict):
             raise self._error(byte_offset, "expected a JSON object")
         if "id" not in row:
             raise self._error(byte_offset, "missing field 'id'")
+        passage_id = self._check_id(row["id"], byte_offset)
+        title = self._text_field(row, "title", byte_offset, optional=True)
         if "contents" in row:
-            contents = str(row["contents"])
+            contents = self._text_field(row, "contents", byte_offset)
             first, _, rest = contents.partition("\n")
-            title = row.get("title")
             if title is None:
-                return Passage(str(row["id"]), first.strip('"'), rest)
+                return Passage(passage_id, first.strip('"'), rest)
             # FlashRAG writes the title (sometimes quoted) as the first line of contents; don't repeat it
-            return Passage(str(row["id"]), str(title), rest if first.strip('"') == str(title) else contents)
+            return Passage(passage_id, title, rest if first.strip('"') == title else contents)
         if "text" in row:
-            return Passage(str(row["id"]), str(row.get("title") or ""), str(row["text"]))
+            return Passage(passage_id, title or "", self._text_field(row, "text", byte_offset))
         raise self._error(byte_offset, "missing field 'contents' (or 'text')")
 
+    def _check_id(self, value: object, byte_offset: int) -> str:
+        # str(None) would index a passage under the id "None"; a bool or float id would not round-trip
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise self._error(byte_offset, f"id: expected a string or an integer, got {_json_kind(value)}")
+        if not str(value).strip():
+            raise self._error(byte_offset, "id: empty")
+        return str(value)
+
+    def _text_field(self, row: dict, name: str, byte_offset: int, optional: bool = False) -> str | None:
+        value = row.get(name)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise self._error(byte_offset, f"{name}: expected a string, got {_json_kind(value)}")
+        return value
+
     def _parse_tsv(self, line: str, byte_offset: int) -> Passage:
-        fields = next(csv.reader([line], delimiter="\t"))
+        try:
+            fields = next(csv.reader([line], delimiter="\t"))
+        except csv.Error as err:
+            if "field larger than field limit" in str(err):
+                what = f"a field is longer than {csv.field_size_limit()} characters (csv.field_size_limit)"
+            else:
+                what = f"invalid TSV ({err})"
+            raise self._error(byte_offset, what) from None
         if len(fields) != 3:
             raise self._error(byte_offset, f"expected 3 tab-separated fields (id, text, title), found {len(fields)}")
         passage_id, text, title = fields
         if not passage_id:
             raise self._error(byte_offset, "empty field 'id'")
         return Passage(passage_id, title, text)
+
+
+def _json_kind(value: object) -> str:
+    """A value's JSON type name for error messages (null, not NoneType)."""
+    names = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string", list: "list"}
+    return names.get(type(value), "object")
+
+
+# --- unique ids -----------------------------------------------------------------------------------------------------
+
+
+def find_duplicate_id(corpus: Corpus) -> tuple[str, int, int] | None:
+    """The first id that appears twice (by its second occurrence) and the rows of both occurrences, or None.
+
+    One pass that keeps a 64-bit hash per row (8 bytes each, not a Python set of 21M strings); only rows whose
+    hash repeats are read again to compare the ids themselves.
+    """
+    count = len(corpus)
+    if count < 2:
+        return None
+    hashes = np.fromiter((hash(passage.id) for passage in corpus.iter_rows()), dtype=np.int64, count=count)
+    order = np.argsort(hashes, kind="stable")
+    repeats = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if repeats.size == 0:
+        return None
+    candidates = np.union1d(order[repeats], order[repeats + 1])  # sorted: file order
+    first_row: dict[str, int] = {}
+    for row in candidates.tolist():
+        passage_id = corpus[row].id
+        if passage_id in first_row:
+            return passage_id, first_row[passage_id], row
+        first_row[passage_id] = row
+    return None  # only hash collisions
+
+
+def require_unique_ids(corpus: Corpus) -> None:
+    """Raise `MapsTrainError` (`file:line: passage id 'x' appears twice (first at line n)`) on a repeated id."""
+    duplicate = find_duplicate_id(corpus)
+    if duplicate is None:
+        return
+    passage_id, first, second = duplicate
+    first_line = corpus.line_number(int(corpus.offsets[first]))
+    raise corpus.row_error(
+        second,
+        f"passage id {passage_id!r} appears twice (first at line {first_line}); ids must be unique",
+    )

@@ -7,13 +7,17 @@ embed_tokens / lm_head) and weights for embed_tokens / lm_head (Qwen3 has no LoR
 would not match the served base); DoRA, LoRA bias, layer replication, init schemes that change the base weights;
 target modules other than the attention and MLP projections. It also wants the base model recorded and no
 tokenizer files beside the adapter (per-LoRA tokenizers are deprecated in vLLM and would make it warn).
+
+Weights are read from `adapter_model.safetensors` only: an adapter saved as `adapter_model.bin` (a pickle, which
+`torch.load` may execute code from) is reported as a problem and never opened.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
+from maps_train import safejson
 from maps_train.errors import MapsTrainError
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
@@ -38,20 +42,29 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
-WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+WEIGHTS = "adapter_model.safetensors"
+PICKLED_WEIGHTS = "adapter_model.bin"  # recognised only to say why it is not read
 
 
-def _weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    path = folder / WEIGHT_FILES[0]
-    if path.is_file():
-        from safetensors import safe_open
+def _weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
 
+    try:
         with safe_open(str(path), framework="pt") as handle:  # not iterable itself: .keys() is needed
             return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-    import torch
+    except Exception as err:  # noqa: BLE001  (safetensors raises its own error types; the user needs one line)
+        raise MapsTrainError(f"{path}: not a readable safetensors file ({' '.join(str(err).split())[:200]})") from None
 
-    state = torch.load(folder / WEIGHT_FILES[1], map_location="cpu", weights_only=True)
-    return {key: tuple(value.shape) for key, value in state.items()}
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON config file as a dict; bad bytes, bad JSON or a non-object is one line naming the file."""
+    try:
+        data = safejson.loads(path.read_bytes())
+    except safejson.JSONLimitError as err:
+        raise MapsTrainError(f"{path}: invalid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise MapsTrainError(f"{path}: expected a JSON object")
+    return data
 
 
 def _module_of(key: str) -> str:
@@ -70,11 +83,15 @@ def _base_config(base_model: str) -> dict | None:
     config = folder / "config.json"
     if not config.is_file():
         return None  # an online hub id: nothing local to compare against
-    raw = json.loads(config.read_text())
-    return raw.get("text_config", raw)
+    raw = _read_json_object(config)
+    text_config = raw.get("text_config", raw)
+    return text_config if isinstance(text_config, dict) else None
 
 
 def _expected_in_features(config: dict) -> dict[str, int]:
+    sizes = ("hidden_size", "num_attention_heads", "intermediate_size")
+    if not all(isinstance(config.get(key), int) and config[key] > 0 for key in sizes):
+        return {}  # not a decoder config we know how to read: nothing to compare against
     hidden = config["hidden_size"]
     heads, head_dim = config["num_attention_heads"], config.get("head_dim") or hidden // config["num_attention_heads"]
     return {
@@ -98,10 +115,7 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
     config_path = folder / "adapter_config.json"
     if not config_path.is_file():
         raise MapsTrainError(f"{folder}: not an adapter folder (no adapter_config.json)")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise MapsTrainError(f"{config_path}: invalid JSON ({err.msg})") from None
+    config = _read_json_object(config_path)
     problems: list[str] = []
 
     if config.get("peft_type") != "LORA":
@@ -132,12 +146,16 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
             if name.split(".")[-1] not in SUPPORTED_MODULES:
                 problems.append(f"target module {name!r} is not one of {', '.join(SUPPORTED_MODULES)}")
 
-    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-    if not weights:
-        problems.append(f"no adapter weights ({' or '.join(WEIGHT_FILES)})")
-        shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    if (folder / WEIGHTS).is_file():
+        shapes = _weight_shapes(folder / WEIGHTS)
+    elif (folder / PICKLED_WEIGHTS).is_file():
+        problems.append(
+            f"{PICKLED_WEIGHTS} without {WEIGHTS}: pickled weights are not loaded (torch.load can run code); "
+            f"save the adapter with safe_serialization=True"
+        )
     else:
-        shapes = _weight_shapes(folder)
+        problems.append(f"no adapter weights ({WEIGHTS})")
     vocab_keys = sorted(key for key in shapes if any(part in key.split(".") for part in VOCAB_MODULES))
     if vocab_keys:
         problems.append(f"weights for embed_tokens/lm_head ({vocab_keys[0]}, ...): vocabulary layers must stay frozen")
