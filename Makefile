@@ -6,9 +6,6 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
-export VLLM_CPU_KVCACHE_SPACE ?= 2
-export VLLM_CPU_OMP_THREADS_BIND ?= all
-export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 
 .PHONY: install demo test test-fast lint bench clean
 

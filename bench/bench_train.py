@@ -135,8 +135,9 @@ def main() -> None:
         plain_trl(json.loads(args.plain_trl))
         return
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from maps_train.platform import apply_runtime_defaults
+
+    apply_runtime_defaults(offline=True)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from maps_train.models import resolve_model
 

@@ -39,14 +39,9 @@ QUICK_SAMPLE = 3
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    defaults = {
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    }
-    for key, value in defaults.items():
-        env.setdefault(key, value)
-    return env
+    from maps_train.platform import apply_runtime_defaults
+
+    return apply_runtime_defaults(dict(os.environ), offline=True)
 
 
 NOISY = ("INFO", "WARNING", "DEBUG", "(EngineCore", "(Worker", "(VllmWorker", "[rank", "warn", "Loading", "Triton",

@@ -12,9 +12,6 @@ from typing import Any, Literal
 
 from maps_train.tracking import WandbConfig
 
-# Roles of the MAPS agent; baselines add their own role names (e.g. "reasoner", "condenser", "searcher").
-MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
-
 
 @dataclass
 class RetrievalConfig:
@@ -192,6 +189,22 @@ class Recipe:
 
     def route(self, role: str) -> RoleRoute:
         return route_for(self.roles, role)
+
+
+SHARED_ADAPTER = "shared"  # the one adapter of every role when train.shared_adapter is set
+
+
+def adapter_names(recipe: Recipe) -> list[str]:
+    """The adapters a recipe trains and serves: one per `sft_data.adapter_roles` key, or the single shared one."""
+    return [SHARED_ADAPTER] if recipe.train.shared_adapter else list(recipe.sft_data.adapter_roles)
+
+
+def adapter_of_role(recipe: Recipe, shared: bool | None = None) -> dict[str, str]:
+    """Role -> adapter. `shared` (default: `train.shared_adapter`) sends every role to the shared adapter;
+    False gives the per-role SFT sets that `sft-data` writes whatever is trained from them."""
+    shared = recipe.train.shared_adapter if shared is None else shared
+    mapping = {role: adapter for adapter, roles in recipe.sft_data.adapter_roles.items() for role in roles}
+    return {role: SHARED_ADAPTER for role in sorted(mapping)} if shared else mapping
 
 
 def route_for(routes: dict[str, RoleRoute], role: str) -> RoleRoute:

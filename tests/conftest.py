@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from maps_train.platform import apply_runtime_defaults
+
 REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
-os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+apply_runtime_defaults(offline=True)
 
 pytest_plugins = ["fixtures_llm"]  # LLM backend fixtures (tests/ is on sys.path: rootdir conftest, no __init__)
 

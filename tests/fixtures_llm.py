@@ -140,9 +140,9 @@ def start_vllm_server(
             "--lora-modules",
         ]
         cmd += [f"{name}={path}" for name, path in adapters.items()]
-    from maps_train.llm.vllm_backend import prepare_cpu_env
+    from maps_train.platform import apply_runtime_defaults
 
-    env = prepare_cpu_env(dict(os.environ))
+    env = apply_runtime_defaults(dict(os.environ))
     handle = log.open("w")
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

@@ -23,8 +23,8 @@ from maps_train.evaluate.plots import pareto_front
 from maps_train.evaluate.report import build_report
 from maps_train.evaluate.results import read_results
 from maps_train.evaluate.suite import load_suite, run_suite
-from maps_train.tracking import Tracker, WandbConfig, WandbTracker, make_tracker
 from maps_train.questions import Question
+from maps_train.tracking import Tracker, WandbConfig, WandbTracker, make_tracker
 
 MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
 

@@ -67,7 +67,8 @@ def sft_dir(tmp_path_factory) -> Path:
 
 
 def test_sft_rows_drop_metadata_and_shared_concatenates(sft_dir, tmp_path):
-    from maps_train.train.data import adapter_names, load_adapter_datasets
+    from maps_train.recipe import adapter_names
+    from maps_train.train.data import load_adapter_datasets
 
     recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out")))
     assert adapter_names(recipe) == list(ROLES)

@@ -10,7 +10,6 @@ a later call starts it again.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import Any
 
@@ -25,36 +24,12 @@ from maps_train.llm.common import (
     split_thinking,
 )
 from maps_train.llm.types import ChatRequest, Completion
+from maps_train.platform import apply_runtime_defaults, lora_slots, vllm_on_cpu
 from maps_train.recipe import BackendConfig, RoleRoute
-
-
-def _on_cpu() -> bool:
-    try:
-        from vllm.platforms import current_platform
-
-        return current_platform.is_cpu()
-    except Exception:  # noqa: BLE001 - platform probing differs across builds; CPU is the safe guess
-        return True
-
-
-def prepare_cpu_env(env: dict[str, str] | None = None, kv_cache_gib: int = 2) -> dict[str, str]:
-    """vLLM-CPU settings: a KV-cache size, and OMP thread binding over every core this process may use.
-
-    vLLM pins its worker to one core by default on small machines; binding all cores nearly doubles throughput.
-    vLLM 0.32 accepts "auto" or explicit id lists ("0-1"), so the convenient "all" is turned into a list here.
-    """
-    env = os.environ if env is None else env
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    if env.get("VLLM_CPU_OMP_THREADS_BIND", "").strip().lower() == "all":
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
-        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    return env
 
 
 class VLLMBackend:
     kind = "vllm"
-    supports_structured_output = True
 
     def __init__(
         self,
@@ -93,9 +68,9 @@ class VLLMBackend:
         from vllm import LLM
 
         cfg = self.config
-        cpu = _on_cpu()
+        cpu = vllm_on_cpu()
         if cpu:
-            prepare_cpu_env(kv_cache_gib=cfg.cpu_kv_cache_gib)
+            apply_runtime_defaults(kv_cache_gib=cfg.cpu_kv_cache_gib)
         kwargs: dict[str, Any] = {
             "model": self.path,
             "dtype": ("float32" if cpu else "auto") if cfg.dtype == "auto" else cfg.dtype,
@@ -108,10 +83,7 @@ class VLLMBackend:
         if cfg.structured_disable_whitespace:
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         if self.enable_lora:
-            # One slot more than adapters: with every LoRA slot filled, vLLM 0.32 (CPU, seen through both the
-            # engine and the server) ran base-model rows of a mixed batch with the LAST slot's adapter. A slot
-            # that is never filled keeps base rows base.
-            kwargs.update(enable_lora=True, max_loras=self.max_loras + 1, max_lora_rank=cfg.max_lora_rank)
+            kwargs.update(enable_lora=True, max_loras=lora_slots(self.max_loras, cpu), max_lora_rank=cfg.max_lora_rank)
         kwargs.update(self.engine_kwargs)
         llm = LLM(**kwargs)
         self._tokenizer = llm.get_tokenizer()

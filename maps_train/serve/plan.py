@@ -10,9 +10,8 @@ from pathlib import Path
 
 from maps_train.errors import MapsTrainError
 from maps_train.models.resolve import resolve_model
-from maps_train.recipe import Recipe, RoleRoute
-
-# vLLM accepts only these LoRA ranks for --max-lora-rank.
+from maps_train.platform import lora_slots, vllm_on_cpu
+from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
 
 
 @dataclass
@@ -29,15 +28,7 @@ class ServerPlan:
 def adapter_paths(recipe: Recipe) -> dict[str, Path]:
     """Adapter name -> folder, as the training stage writes them (`<train.output_dir>/<adapter>`)."""
     root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
-    names = ["shared"] if recipe.train.shared_adapter else list(recipe.sft_data.adapter_roles)
-    return {name: root / name for name in names}
-
-
-def _role_to_adapter(recipe: Recipe) -> dict[str, str]:
-    if recipe.train.shared_adapter:
-        roles = {role for roles in recipe.sft_data.adapter_roles.values() for role in roles}
-        return {role: "shared" for role in sorted(roles)}
-    return {role: adapter for adapter, roles in recipe.sft_data.adapter_roles.items() for role in roles}
+    return {name: root / name for name in adapter_names(recipe)}
 
 
 def _read_adapter_config(name: str, folder: Path) -> dict:
@@ -104,9 +95,7 @@ def plan_server(recipe: Recipe) -> ServerPlan:
         "--host", serve.host, "--port", str(serve.port),
         "--enable-lora",
         "--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()],
-        # One slot more than adapters: with every slot filled, vLLM 0.32 (CPU) served base rows of a mixed batch
-        # with the last slot's adapter; a spare slot keeps base requests on the base.
-        "--max-loras", str(len(adapters) + 1),
+        "--max-loras", str(lora_slots(len(adapters), cpu=vllm_on_cpu())),
         "--max-lora-rank", str(max_rank),
         "--dtype", backend.dtype,
         "--max-model-len", str(backend.max_model_len),
@@ -134,7 +123,7 @@ def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = Non
     template = recipe.route("default") if "default" in recipe.roles else RoleRoute()
     paths = adapter_paths(recipe)
     routes = {}
-    for role, adapter in _role_to_adapter(recipe).items():
+    for role, adapter in adapter_of_role(recipe).items():
         adapter_ref = adapter if via == "server" else str(paths[adapter])
         routes[role] = dataclasses.replace(
             template,

@@ -76,10 +76,10 @@ class VLLMServer:
             log.close()
 
     def start(self) -> VLLMServer:
-        from maps_train.llm.vllm_backend import prepare_cpu_env
+        from maps_train.platform import apply_runtime_defaults
 
         # vLLM-CPU reads its KV-cache size and core binding from the environment (ignored on GPU builds).
-        env = prepare_cpu_env(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
+        env = apply_runtime_defaults(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
         self.process = subprocess.Popen(
             self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True,  # Ctrl-C reaches us, not vLLM: stop() then ends its whole process group

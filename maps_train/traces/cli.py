@@ -15,9 +15,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable)."""
         from maps_train.config import to_dict
-        from maps_train.tracking import make_tracker
         from maps_train.recipe import load_recipe
         from maps_train.traces.collect import collect_traces
+        from maps_train.tracking import make_tracker
 
         loaded = load_recipe(recipe, overrides or [])
         totals = collect_traces(loaded)

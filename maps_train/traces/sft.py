@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.recipe import Recipe
-from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord
-from maps_train.records.trace import iter_traces
+from maps_train.recipe import Recipe, adapter_of_role
+from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
 TRACES_FILE = "traces.jsonl"
 STATS_FILE = "stats.json"
@@ -114,7 +113,7 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
     config = recipe.sft_data
     skip = config.skip_bad_lines if skip_bad_lines is None else skip_bad_lines
     out = Path(out_dir or config.out_dir)
-    role_to_adapter = {role: adapter for adapter, roles in config.adapter_roles.items() for role in roles}
+    role_to_adapter = adapter_of_role(recipe, shared=False)
     kwargs = {"enable_thinking": config.enable_thinking}
     counter = TokenCounter(config.tokenizer or recipe.train.student)
     stats = SFTStats()

@@ -33,6 +33,7 @@ import sys
 import time
 
 from maps_train.errors import MapsTrainError
+from maps_train.platform import apply_runtime_defaults
 
 logger = logging.getLogger("maps_train.train")
 
@@ -166,10 +167,10 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from maps_train.recipe import load_recipe
-    from maps_train.train.data import adapter_names
+    from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train.sft import distributed_state
 
+    apply_runtime_defaults()
     args = parse_args(argv)
     try:
         state = distributed_state()

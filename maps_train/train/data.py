@@ -13,17 +13,10 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
+from maps_train.recipe import SHARED_ADAPTER
 
-SHARED_ADAPTER = "shared"
 KEPT_COLUMNS = ("prompt", "completion", "chat_template_kwargs")
 PROMPT_ROLES = ("system", "user", "assistant")
-
-
-def adapter_names(recipe) -> list[str]:
-    """The adapters a recipe trains: one per `sft_data.adapter_roles` key, or the single shared one."""
-    if recipe.train.shared_adapter:
-        return [SHARED_ADAPTER]
-    return list(recipe.sft_data.adapter_roles)
 
 
 def source_adapters(recipe, adapter: str) -> list[str]:

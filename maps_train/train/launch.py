@@ -76,8 +76,8 @@ def train_all(
     echo=print,
 ) -> list[Path]:
     """Train the recipe's adapters (or one), each in its own `accelerate launch`; returns the adapter folders."""
-    from maps_train.recipe import load_recipe
-    from maps_train.train.data import adapter_names, source_adapters
+    from maps_train.recipe import adapter_names, load_recipe
+    from maps_train.train.data import source_adapters
     from maps_train.train.sft import adapter_dir, is_trained
 
     recipe = load_recipe(recipe_path, overrides)
