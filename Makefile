@@ -31,7 +31,7 @@ test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"
 
 lint: install
-	$(BIN)/ruff check maps_train tests bench
+	$(BIN)/ruff check maps_train tests bench data/demo
 
 bench: install
 	$(BIN)/python bench/run_all.py

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ apply_runtime_defaults(offline=True)  # the vLLM-CPU binding and offline setting
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
 REALDATA = REPO.parent / "shared" / "realdata"
+sys.path.insert(0, str(REPO / "tests"))  # the small-world builder shared with the end-to-end tests
 
 
 class Timed:
@@ -78,13 +80,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from worlds import write_paragraph_world
 
     from maps_train.llm.router import build_router
     from maps_train.models import resolve_model
     from maps_train.questions import load_questions
     from maps_train.recipe import load_recipe
     from maps_train.retrieval.factory import build_retriever
-    from maps_train.retrieval.recall import write_paragraph_world
 
     if args.threads:
         torch.set_num_threads(args.threads)

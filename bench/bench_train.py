@@ -26,11 +26,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the hand-written SFT set shared with the tests
 
 
 def write_data(folder: Path, repeat: int) -> Path:
     """The toy set, rows repeated so the steps do not run out (the builder's metadata columns kept)."""
-    from maps_train.train.toy_sft import toy_rows
+    from toy_sft import toy_rows
 
     rows = toy_rows()["consolidator"] * repeat
     (folder / "consolidator").mkdir(parents=True, exist_ok=True)

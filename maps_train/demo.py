@@ -1,6 +1,6 @@
 """`maps-train demo`: the whole pipeline on the embedded demo world, offline, on CPU.
 
-The demo adds data (`data/demo`, written by `maps_train.demo_world`) and a recipe (`recipes/demo/demo.yaml`),
+The demo adds data (`data/demo`, committed; `data/demo/demo_world.py` regenerates it) and a recipe (`recipes/demo/demo.yaml`),
 not code paths: it resolves the recipe and the suite into its output folder and runs, one after another, the
 commands a user runs, printing each one so any step can be rerun by hand:
 
@@ -18,7 +18,6 @@ where each artefact is.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -84,12 +83,11 @@ def _worth_showing(line: str) -> bool:
 def prepare(out: Path, quick: bool, extra: list[str]) -> tuple[Path, Path]:
     """The resolved recipe and suite the demo's commands run on, written into `out`."""
     from maps_train.config import dump_yaml, to_dict
-    from maps_train.demo_world import write_demo_world
     from maps_train.evaluate.suite import load_suite
     from maps_train.recipe import load_recipe
 
     if not Path("data/demo/corpus.jsonl").is_file():
-        write_demo_world("data/demo")
+        raise MapsTrainError("data/demo/corpus.jsonl not found: run `maps-train demo` from the repository root")
     overrides = [
         f"retrieval.index_dir={out / 'index'}", f"traces.out_dir={out / 'traces'}",
         f"sft_data.traces_dir={out / 'traces'}", f"sft_data.out_dir={out / 'sft'}",
@@ -148,25 +146,23 @@ def _stop_server(process: subprocess.Popen) -> None:
 
 def role_parse_rates(eval_dir: Path, system: str) -> dict[str, tuple[int, int]]:
     """role -> (calls whose output parsed, calls) over a system's answers."""
+    from maps_train.records import AnswerRecord, KeyedJsonl
+
     rates: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for path in sorted((eval_dir / "runs" / system).glob("*/answers.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            failures = record.get("parse_failures") or {}
-            for role, usage in (record.get("cost") or {}).get("by_role", {}).items():
-                rates[role][1] += usage.get("calls", 0)
-                rates[role][0] += usage.get("calls", 0) - failures.get(role, 0)
+        for key, row in KeyedJsonl(path).load(repair=False).items():
+            record = AnswerRecord.from_dict(row, f"{path}: question {key}")
+            for role, usage in record.cost.by_role.items():
+                rates[role][1] += usage.calls
+                rates[role][0] += usage.calls - record.parse_failures.get(role, 0)
     return {role: (ok, total) for role, (ok, total) in rates.items()}
 
 
 def _system_totals(eval_dir: Path) -> dict[str, dict[str, float]]:
+    from maps_train.evaluate.results import read_results
+
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for line in (eval_dir / "results.jsonl").read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_results(eval_dir / "results.jsonl"):
         system = totals[row["system"]]
         system["n"] += 1
         system["cover_em"] += row.get("cover_em") or 0.0

@@ -28,8 +28,9 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, realdata, tiny_qwen3, minilm):
     """Three HotpotQA dev questions, a corpus of their paragraphs, a router and a retriever shared by every run."""
+    from worlds import write_paragraph_world
+
     from maps_train.retrieval.factory import build_retriever
-    from maps_train.retrieval.recall import write_paragraph_world
 
     root = tmp_path_factory.mktemp("baselines_e2e")
     _, _, passages = write_paragraph_world(realdata / "hotpotqa" / "dev.jsonl", N_QUESTIONS, root)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from maps_train.demo_world import SPLIT_COUNTS, build_demo_world, write_demo_world
 from maps_train.questions import load_questions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "data" / "demo"))  # the generator lives beside its data
+from demo_world import SPLIT_COUNTS, build_demo_world, write_demo_world  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def test_deterministic_and_committed(tmp_path, repo_root, world):
     for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
         generated = (first / name).read_bytes()
         assert generated == (second / name).read_bytes()
-        # The committed files are exactly what the generator writes (regenerate with python -m maps_train.demo_world).
+        # The committed files are exactly what the generator writes (regenerate with python data/demo/demo_world.py).
         assert generated == (repo_root / "data" / "demo" / name).read_bytes(), f"data/demo/{name} is stale"
     assert build_demo_world(seed=1)["corpus"] != world["corpus"]
 
@@ -135,6 +139,6 @@ def test_multi_hop_needs_more_than_one_retrieval(world, minilm):
 
 def test_readme_describes_the_files(repo_root):
     readme = (repo_root / "data" / "demo" / "README.md").read_text()
-    assert "python -m maps_train.demo_world" in readme and "supporting_paragraphs" in readme
+    assert "python data/demo/demo_world.py data/demo" in readme and "supporting_paragraphs" in readme
     rows = [json.loads(line) for line in (repo_root / "data" / "demo" / "test.jsonl").open()]
     assert len(rows) == 40

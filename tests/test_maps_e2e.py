@@ -33,10 +33,11 @@ def one_torch_thread():
 def small_world(tmp_path_factory, realdata, tiny_qwen3, minilm, one_torch_thread):
     """Five HotpotQA dev questions, a corpus of their 10 paragraphs each, a recipe routing every role to the tiny
     Qwen3 on the hf backend, and the router and retriever that recipe builds (shared by the runs below)."""
+    from worlds import write_paragraph_world
+
     from maps_train.llm.router import build_router
     from maps_train.recipe import load_recipe
     from maps_train.retrieval.factory import build_retriever
-    from maps_train.retrieval.recall import write_paragraph_world
 
     root = tmp_path_factory.mktemp("maps_e2e")
     corpus, _, passages = write_paragraph_world(realdata / "hotpotqa" / "dev.jsonl", N_QUESTIONS, root)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from toy_sft import write_toy_sft
 
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.train.adapter_check import check_adapter, require_valid_adapter
-from maps_train.train.toy_sft import write_toy_sft
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("proposer", "writer", "consolidator")

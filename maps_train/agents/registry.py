@@ -8,7 +8,6 @@ package registers them all). Both are imported lazily on the first lookup.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -33,8 +32,7 @@ def register_method(name: str) -> Callable[[type[E]], type[E]]:
 
 def _load_engines() -> None:
     for module in _ENGINE_PACKAGES:
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
+        importlib.import_module(module)
 
 
 def available_methods() -> list[str]:

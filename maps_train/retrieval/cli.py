@@ -1,4 +1,4 @@
-"""`maps-train index build` and `maps-train retrieve serve|search|eval-recall`: thin wrappers over the package."""
+"""`maps-train index build` and `maps-train retrieve serve|search`: thin wrappers over the package."""
 
 from __future__ import annotations
 
@@ -111,35 +111,3 @@ def register(app: typer.Typer) -> None:
             for rank, hit in enumerate(hits, start=1):
                 text = hit.text.replace("\n", " ")[:chars]
                 typer.echo(f"{rank:>2}. [{hit.score:.3f}] {hit.id} | {hit.title} | {text}")
-
-    @retrieve_app.command("eval-recall")
-    def eval_recall_command(
-        realdata: str = typer.Option("../shared/realdata", help="Folder with the QA sets and corpus/corpus.jsonl"),
-        per_dataset: int = typer.Option(100, help="Questions per dataset (with gold passages); 0 = all"),
-        subset: bool = typer.Option(True, help="Index only the sampled questions' paragraphs + wiki18 passages"),
-        encoder: str = typer.Option("builtin:minilm-l6"),
-        kinds: str = typer.Option("dense,bm25", help="Comma-separated: dense, bm25"),
-        work_dir: str = typer.Option("runs/recall", help="Where the subset corpus and indexes go"),
-        seed: int = typer.Option(0),
-        out: str | None = typer.Option(None, help="Also write the Markdown table here"),
-    ) -> None:
-        """Recall@5 / @20 of the gold supporting passages, per dataset, as a Markdown table."""
-        _log_setup()
-        from pathlib import Path
-
-        from maps_train.recipe import RetrievalConfig
-        from maps_train.retrieval.recall import eval_recall, format_table
-
-        rows = eval_recall(
-            realdata,
-            work_dir,
-            per_dataset=per_dataset or None,
-            settings=RetrievalConfig(encoder=encoder),
-            kinds=tuple(kind.strip() for kind in kinds.split(",") if kind.strip()),
-            subset=subset,
-            seed=seed,
-        )
-        table = format_table(rows)
-        typer.echo(table)
-        if out:
-            Path(out).write_text(table + "\n", encoding="utf-8")

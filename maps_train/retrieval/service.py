@@ -88,7 +88,7 @@ class BatchingSearcher:
                 item = (
                     self._queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self._queue.get(), remaining)
                 )
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
+            except (TimeoutError, asyncio.QueueEmpty):
                 break
             batch.append(item)
             size += len(item.queries)

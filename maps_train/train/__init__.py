@@ -5,6 +5,5 @@
 - `callbacks`: training tokens per second in the logs (and so in W&B).
 - `adapter_check`: checks that a saved adapter is one vLLM's multi-LoRA serving accepts.
 - `launch`: the `accelerate launch` command lines behind `maps-train train`.
-- `toy_sft`: a small hand-written SFT set in the same format (smoke runs, tests, benchmarks).
 - `__main__`: the entry point, `accelerate launch ... -m maps_train.train --config RECIPE --role ROLE`.
 """

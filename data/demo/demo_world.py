@@ -13,7 +13,7 @@ sharing a name root) so that retrieval has near-miss distractors. Questions:
 Output (FlashRAG formats): `corpus.jsonl` ({id, title, contents = title + "\\n" + text}), `train.jsonl` and
 `test.jsonl` ({id, question, golden_answers, metadata: {hops, type, supporting_paragraphs: [{corpus_id, title}],
 decomposition, decomposition_answers}}). Train and test questions are asked about disjoint anchor entities.
-Same seed, same bytes: `python -m maps_train.demo_world data/demo` regenerates the committed files.
+Same seed, same bytes: `python data/demo/demo_world.py data/demo` regenerates the committed files.
 """
 
 from __future__ import annotations

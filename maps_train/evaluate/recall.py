@@ -15,17 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.evaluate.datasets import DATASETS
 from maps_train.questions import Question, load_questions
 from maps_train.recipe import RetrievalConfig
 from maps_train.retrieval.base import Retriever
 
-DATASETS = {
-    "hotpotqa": "hotpotqa/dev.jsonl",
-    "2wikimultihopqa": "2wikimultihopqa/dev.jsonl",
-    "musique": "musique/dev.jsonl",
-    "popqa": "popqa/test.jsonl",
-    "nq": "nq/test.jsonl",
-}
+# The five open-domain sets, each at its FlashRAG evaluation split as the registry names it.
+REALDATA_SETS = ("hotpotqa", "2wikimultihopqa", "musique", "popqa", "nq")
 WIKI_PREFIX = "wiki18-"
 
 
@@ -33,8 +29,9 @@ def sample_questions(realdata: str | Path, per_dataset: int | None, seed: int = 
     """`per_dataset` questions of each set that have gold passages, a seeded random sample kept in file order."""
     realdata = Path(realdata)
     sampled = {}
-    for name, relative in DATASETS.items():
-        questions = [q for q in load_questions(realdata / relative, dataset=name) if gold_ids(q)]
+    for name in REALDATA_SETS:
+        path = DATASETS[name].default_path(name, realdata)
+        questions = [q for q in load_questions(path, dataset=name) if gold_ids(q)]
         if per_dataset is not None and per_dataset < len(questions):
             keep = sorted(random.Random(seed).sample(range(len(questions)), per_dataset))
             questions = [questions[i] for i in keep]
@@ -70,34 +67,6 @@ def write_subset_corpus(corpus: str | Path, questions: list[Question], out_path:
                 written += 1
     partial.replace(out_path)
     return written
-
-
-def write_paragraph_world(dataset_file: str | Path, n: int, out_dir: str | Path) -> tuple[Path, Path, set[str]]:
-    """A self-contained small world from the first `n` questions of a FlashRAG file whose rows carry their
-    paragraphs inline (`metadata.paragraphs[*]` with corpus_id/title/text, as in ../shared/realdata): writes
-    `corpus.jsonl` (each paragraph once, "title\ntext" contents) and `questions.jsonl` under `out_dir`;
-    returns both paths and the passage ids. Used by the end-to-end tests and the agent bench."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    with Path(dataset_file).open(encoding="utf-8") as handle:
-        for line in handle:
-            if len(rows) == n:
-                break
-            if line.strip():
-                rows.append(json.loads(line))
-    passages: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        for paragraph in row.get("metadata", {}).get("paragraphs", []):
-            passages.setdefault(str(paragraph["corpus_id"]), paragraph)
-    corpus, questions = out_dir / "corpus.jsonl", out_dir / "questions.jsonl"
-    with corpus.open("w", encoding="utf-8") as sink:
-        for pid, p in passages.items():
-            sink.write(json.dumps({"id": pid, "title": p["title"], "contents": f"{p['title']}\n{p['text']}"}) + "\n")
-    with questions.open("w", encoding="utf-8") as sink:
-        for row in rows:
-            sink.write(json.dumps({k: row[k] for k in ("id", "question", "golden_answers")}) + "\n")
-    return corpus, questions, set(passages)
 
 
 def recall_at(
