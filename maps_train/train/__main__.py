@@ -58,7 +58,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     from maps_train.train.adapter_check import require_valid_adapter
 
     state = sft.distributed_state()
-    out_dir = sft.adapter_dir(recipe, adapter)
+    out_dir = sft.adapter_output_dir(recipe, adapter)
     if sft.is_trained(recipe, adapter) and not overwrite:
         if state.is_main_process:
             logger.info("%s: already trained (%s exists); --overwrite retrains it", out_dir, sft.SUMMARY_FILE)

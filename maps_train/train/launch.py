@@ -78,7 +78,7 @@ def train_all(
     """Train the recipe's adapters (or one), each in its own `accelerate launch`; returns the adapter folders."""
     from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train.data import source_adapters
-    from maps_train.train.sft import adapter_dir, is_trained
+    from maps_train.train.sft import adapter_output_dir, is_trained
 
     recipe = load_recipe(recipe_path, overrides)
     adapters = adapter_names(recipe) if role == "all" else [role]
@@ -89,7 +89,7 @@ def train_all(
     processes = num_processes or (None if config else recipe.train.num_processes)
     folders = []
     for adapter in adapters:
-        folder = adapter_dir(recipe, adapter)
+        folder = adapter_output_dir(recipe, adapter)
         folders.append(folder)
         if is_trained(recipe, adapter) and not overwrite:
             echo(f"{adapter}: already trained in {folder} (--overwrite retrains it)")

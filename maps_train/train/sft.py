@@ -52,7 +52,7 @@ def choose_precision(train) -> Precision:
     return Precision(dtype="bfloat16" if train.bf16 else "float32", bf16=train.bf16)
 
 
-def adapter_dir(recipe, adapter: str) -> Path:
+def adapter_output_dir(recipe, adapter: str) -> Path:
     return Path(recipe.train.output_dir) / adapter
 
 
@@ -61,7 +61,7 @@ def trainer_dir(recipe, adapter: str) -> Path:
 
 
 def is_trained(recipe, adapter: str) -> bool:
-    return (adapter_dir(recipe, adapter) / SUMMARY_FILE).is_file()
+    return (adapter_output_dir(recipe, adapter) / SUMMARY_FILE).is_file()
 
 
 def lora_target_modules(train) -> list[str] | str:
@@ -188,7 +188,7 @@ def save_adapter(trainer, folder: Path, base_model: str) -> None:
 
 def clear_adapter(recipe, adapter: str) -> None:
     """Forget a finished adapter (for --overwrite): its folder and its trainer state."""
-    for folder in (adapter_dir(recipe, adapter), trainer_dir(recipe, adapter)):
+    for folder in (adapter_output_dir(recipe, adapter), trainer_dir(recipe, adapter)):
         if folder.exists():
             shutil.rmtree(folder)
 
