@@ -74,6 +74,42 @@ def check_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
         raise JSONLimitError(f"JSON nested deeper than {max_depth} levels")
 
 
+_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+
+
+def exceeds_depth(text: str, start: int, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON value starting at `text[start]` nests deeper than `limit`, without decoding it.
+
+    Checked before `raw_decode` at a start inside model text: the C decoder recurses once per level, guarded
+    only by the interpreter's recursion limit. Too few brackets after `start` answers at once (a count at C
+    speed); otherwise the scan jumps from bracket to quote to backslash (a regex skips the other characters)
+    and stops where the value closes or the limit is passed."""
+    if text.count("{", start) + text.count("[", start) <= limit:
+        return False
+    depth, in_string, escaped_at = 0, False, -1
+    for match in _STRUCTURE.finditer(text, start):
+        index = match.start()
+        if index == escaped_at:  # the character after a backslash in a string
+            continue
+        char = text[index]
+        if in_string:
+            if char == "\\":
+                escaped_at = index + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+            if depth <= 0:
+                return False
+    return False
+
+
 def loads(data: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """One JSON value, or `JSONLimitError` with a short reason (never RecursionError, UnicodeDecodeError, ...)."""
     if isinstance(data, bytes | bytearray):

@@ -33,7 +33,7 @@ from maps_train.agents.baselines.vanilla import VanillaRAGEngine
 from maps_train.agents.runner import run_method
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe
-from maps_train.traces.schema import TraceRecord
+from maps_train.records.trace import TraceRecord
 
 
 def make(engine_cls, scripts, overrides=(), retriever=None):
@@ -74,7 +74,7 @@ def test_vanilla_one_retrieval_and_one_generate_call_for_a_batch():
         assert trace.final_answer == f"Dijon ({trace.question_id})" and trace.stop_reason == "answered"
         assert len(trace.rounds[0].evidence_ids) == 3
         assert all(texts[pid] in user_text(request) for pid in trace.rounds[0].evidence_ids)
-        assert trace.cost["retrievals"] == 1 and trace.cost["by_role"]["generator"]["calls"] == 1
+        assert trace.cost.retrievals == 1 and trace.cost.by_role["generator"].calls == 1
 
 
 def test_vanilla_multiple_choice_answers_a_letter():
@@ -140,7 +140,7 @@ def test_search_o1_refuses_a_repeated_query_without_searching():
     third = assistant_text(backend.requests("reasoner")[2])
     assert third.count(f"{BEGIN_RESULT}{REPEAT_REFUSAL}{END_RESULT}") == 1
     assert trace.rounds[1].extra["action"] == "repeat_refused" and trace.rounds[1].retrieved == []
-    assert trace.cost["retrievals"] == 1
+    assert trace.cost.retrievals == 1
 
 
 def test_search_o1_search_limit_and_turn_limit():
@@ -337,20 +337,20 @@ def test_run_method_writes_answers_and_traces_and_resumes(tmp_path, method):
         retriever=RecordingRetriever(),
         progress=False,
     )
-    assert [r["answer"] for r in records] == ["Dijon", "Dijon"] and records[0]["method"] == method
+    assert [r.answer for r in records] == ["Dijon", "Dijon"] and records[0].method == method
     backend = ScriptedBackend(SCRIPTS[method])
     records = run_method(recipe, qs, tmp_path, backend=backend, retriever=RecordingRetriever(), progress=False)
     assert {r.question_id for r in backend.requests()} == {"q2"}  # only the new question ran
     answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
     traces = [TraceRecord.from_dict(json.loads(line)) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert [a["question_id"] for a in answers] == ["q0", "q1", "q2"] == [t.question_id for t in traces]
-    assert all(t.method == method and t.cost["calls"] >= 1 for t in traces)
+    assert all(t.method == method and t.cost.calls >= 1 for t in traces)
     assert all(a["cost"]["retrievals"] >= 1 for a in answers)
 
 
 def test_a_split_think_block_goes_back_into_the_turn():
     from maps_train.agents.baselines.base import model_piece
-    from maps_train.traces.schema import RoleCall
+    from maps_train.records.trace import RoleCall
 
     def call(text, reasoning):
         return RoleCall(role="reasoner", messages=[], raw_text=text, parsed={}, parse_ok=True, reasoning=reasoning)

@@ -73,19 +73,22 @@ def test_query_fallbacks():
 def test_consolidation_parsing():
     good = parse_consolidation('{"observation": "o", "state": "s", "sufficient": true}', "old", "ev")
     assert good.ok and good.value == {"observation": "o", "state": "s", "sufficient": True}
+    # A string boolean is a counted repair, and a parse that is not ok never ends the search.
     stringy = parse_consolidation('{"observation": "o", "state": "s", "sufficient": "true"}', "old", "ev")
-    assert not stringy.ok and stringy.value["sufficient"] is True
+    assert not stringy.ok and stringy.value == {"observation": "o", "state": "s", "sufficient": False}
+    assert "said true" in stringy.notes[0]
     missing_state = parse_consolidation('{"observation": "o", "sufficient": true}', "old", "ev")
     assert not missing_state.ok and missing_state.value["state"] == "old"
     garbage = parse_consolidation("{{{{", "old", "first sentences")
     assert garbage.value == {"observation": "first sentences", "state": "old", "sufficient": False}
     dots = parse_consolidation('{"observation": "...", "state": ", ", "sufficient": true}', "old", "ev")
-    assert not dots.ok and dots.value == {"observation": "ev", "state": "old", "sufficient": True}
+    assert not dots.ok and dots.value == {"observation": "ev", "state": "old", "sufficient": False}
 
 
 def test_answer_parsing_short_and_choice():
     assert parse_answer('{"answer": "Dijon"}').value == {"answer": "Dijon"}
-    assert parse_answer('{"answer": 1889}').value == {"answer": "1889"}
+    number = parse_answer('{"answer": 1889}')  # written out, but the schema asks for a string
+    assert number.value == {"answer": "1889"} and not number.ok
     raw = parse_answer("Dijon, France")
     assert not raw.ok and raw.value["answer"] == "Dijon, France"
     letters = ["A", "B", "C", "D"]

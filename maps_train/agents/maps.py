@@ -43,8 +43,8 @@ from maps_train.agents.outputs import (
 from maps_train.agents.registry import register_method
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
+from maps_train.records.trace import RoundRecord, SubQueryHits, TraceRecord
 from maps_train.retrieval.base import Hit
-from maps_train.traces.schema import RoundRecord, SubQueryHits, TraceRecord
 
 NO_EARLIER_ROUNDS = "(no earlier rounds)"
 
@@ -210,7 +210,8 @@ class MapsEngine(Engine):
             run.state = parsed.value["state"]
             run.current.observation = parsed.value["observation"]
             run.current.state = run.state
-            run.current.sufficient = bool(parsed.value["sufficient"])
+            # Only a clean parse may end the search (the parser also reads a failed one as not sufficient).
+            run.current.sufficient = parsed.ok and parsed.value["sufficient"] is True
             if not self.agent.decoupled:
                 run.history.append((run.current, run.evidence))
 

@@ -3,56 +3,64 @@
 
 Each extractor returns (answer, how): `how` names the format found ("boxed", "answer_tag", "answer_line",
 "letter", "raw") or "none"; "none" gives an empty answer, as the originals score an unmarked output as wrong.
+Like the role parsers (`jsonparse`), they never raise and run in linear time: one pass over the tags or braces,
+never a lazy regex retried from every unclosed opener.
 """
 
 from __future__ import annotations
 
 import re
 
-from maps_train.agents.jsonparse import clean_text, strip_thinking
+from maps_train.agents.jsonparse import bounded, clean_text, strip_thinking, tag_contents
 from maps_train.agents.outputs import ANSWER_MAX_CHARS
 
 _BOXED = "\\boxed{"
+_BOXED_OR_BRACE = re.compile(r"\\boxed\{|[{}]")
 _TEXT_WRAPPER = re.compile(r"^\\text\{(.*)\}$", re.DOTALL)
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is)?\s*[:：]\s*(.+)", re.IGNORECASE)
+# "Answer: x", "The final answer is: x". `\s*(?:is\s*)?` rather than `\s*(?:is)?\s*`: two adjacent `\s*` split a
+# run of spaces every possible way before failing (quadratic in the run).
+_ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is\s*)?[:：]\s*(.+)", re.IGNORECASE)
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """The text inside the braces opened just before `start`, or None when they never close."""
-    depth = 1
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i]
-    return None
+def boxed_contents(text: str) -> list[str]:
+    """The contents of every complete `\\boxed{...}` (nested braces allowed), in order of their openings.
+
+    One pass with a stack of open braces: a brace closes the innermost open one, so each `\\boxed{` gets the
+    same closing brace as a depth count started at it. Re-counting from every unclosed `\\boxed{` to the end
+    of the text would be quadratic."""
+    stack: list[tuple[int, bool]] = []  # (content start, opened by \boxed)
+    spans: list[tuple[int, int]] = []
+    for match in _BOXED_OR_BRACE.finditer(text):
+        token = match.group()
+        if token == "}":
+            if stack:
+                start, boxed = stack.pop()
+                if boxed:
+                    spans.append((start, match.start()))
+        else:
+            stack.append((match.end(), token == _BOXED))
+    return [text[start:end] for start, end in sorted(spans)]
 
 
 def last_boxed(text: str) -> str | None:
     """The content of the last complete `\\boxed{...}` (nested braces allowed), `\\text{}` and `()` unwrapped."""
-    position = text.rfind(_BOXED)
-    while position >= 0:
-        inner = _balanced(text, position + len(_BOXED))
-        if inner is not None:
-            inner = inner.strip()
-            match = _TEXT_WRAPPER.match(inner)
-            if match:
-                inner = match.group(1).strip()
-            return inner.strip("()").strip()
-        position = text.rfind(_BOXED, 0, position)
-    return None
+    contents = boxed_contents(bounded(text, keep="tail"))
+    if not contents:
+        return None
+    inner = contents[-1].strip()
+    match = _TEXT_WRAPPER.match(inner)
+    if match:
+        inner = match.group(1).strip()
+    return inner.strip("()").strip()
 
 
 def choice_letter(text: str, letters: list[str]) -> str | None:
     """A lone option letter: "B", "(B)", "B.", "B) ...", "Option B", or the first standalone letter."""
-    text = text.strip()
-    match = re.match(r"^(?:option\s+)?[\(\[]?([A-Za-z])[\)\].:]?(?:\s|$)", text, re.IGNORECASE)
+    text = bounded(text).strip()
+    match = re.match(r"(?:option\s+)?[\(\[]?([A-Za-z])[\)\].:]?(?:\s|$)", text, re.IGNORECASE)
     if match and match.group(1).upper() in letters:
         return match.group(1).upper()
-    match = re.search(rf"\b([{''.join(letters)}])\b", text)
+    match = re.search(r"\b([" + "".join(re.escape(letter) for letter in letters) + r"])\b", text)
     return match.group(1) if match else None
 
 
@@ -63,8 +71,14 @@ def _finish(answer: str, how: str, letters: list[str] | None) -> tuple[str, str]
     return clean_text(answer, ANSWER_MAX_CHARS), how
 
 
+def _answer_tags(text: str) -> list[str]:
+    """What `<answer>(.*?)</answer>` (any case) finds, in one pass."""
+    return tag_contents(text, "<answer>", "</answer>", ignore_case=True)
+
+
 def extract_reasoned_answer(text: str, letters: list[str] | None = None) -> tuple[str, str]:
     """Search-o1: the last `\\boxed{}`; failing that an "Answer: ..." line; else nothing."""
+    text = bounded(text, keep="tail")  # the answer comes last in a long reasoning
     boxed = last_boxed(text)
     if boxed:
         return _finish(boxed, "boxed", letters)
@@ -76,7 +90,7 @@ def extract_reasoned_answer(text: str, letters: list[str] | None = None) -> tupl
 
 def extract_answer_tag(text: str, letters: list[str] | None = None) -> tuple[str, str]:
     """ParallelSearch (Search-R1 family): the last `<answer>...</answer>`; else nothing."""
-    tags = [m.group(1) for m in _ANSWER_TAG.finditer(text) if m.group(1).strip()]
+    tags = [tag for tag in _answer_tags(bounded(text, keep="tail")) if tag.strip()]
     if tags:
         return _finish(tags[-1], "answer_tag", letters)
     return "", "none"
@@ -86,11 +100,12 @@ def extract_direct_answer(text: str, letters: list[str] | None = None) -> tuple[
     """A generator asked to reply with the answer alone (Vanilla RAG, S3): the whole reply, thinking removed,
     whitespace collapsed and bounded like every method's answer (FlashRAG scores the raw generation); a boxed
     or tagged answer inside it is preferred when the model added one."""
+    text = bounded(text)
     body = strip_thinking(text) if "<think>" in text or "</think>" in text else text
     boxed = last_boxed(body)
     if boxed:
         return _finish(boxed, "boxed", letters)
-    tags = [t for t in _ANSWER_TAG.findall(body) if t.strip()]
+    tags = [tag for tag in _answer_tags(body) if tag.strip()]
     if tags:
         return _finish(tags[-1], "answer_tag", letters)
     if not body.strip():

@@ -13,8 +13,8 @@ from maps_train.agents.maps import resolve_letters
 from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend, ChatRequest, Completion
 from maps_train.questions import Question
+from maps_train.records.trace import RoleCall
 from maps_train.retrieval.base import Hit
-from maps_train.traces.schema import RoleCall
 
 
 class ContinuingBackend:

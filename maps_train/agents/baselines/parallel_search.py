@@ -25,11 +25,12 @@ from maps_train.agents.baselines.answers import extract_answer_tag
 from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, search_r1_docs
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_question
-from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
+from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
+from maps_train.records.trace import SubQueryHits, TraceRecord
 from maps_train.retrieval.base import Hit
-from maps_train.traces.schema import SubQueryHits, TraceRecord
 
 PROMPT = "baselines/parallel_search_reasoner"
 STOPS = ["</search>", "</answer>"]
@@ -39,8 +40,9 @@ INVALID_ACTION = (
     "(sub-queries separated by ##); to answer, I must put the answer between <answer> and </answer>. "
     "Let me try again.\n"
 )
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_OPEN_TAG = re.compile(r"<(search|answer)>(?!.*</\1>)", re.DOTALL)
+ACTIONS = ("search", "answer")
+_OPENER = re.compile(r"<(search|answer)>")
+MAX_SUB_QUERIES = 16  # sub-queries of one search call searched; the rest are dropped (and noted)
 
 
 @dataclass
@@ -51,27 +53,59 @@ class ParallelSearchRun(QuestionRun):
 
 
 def close_open_tag(piece: str) -> str:
-    """Put back the stop tag the backend dropped: the text ends inside `<search>` or `<answer>`."""
-    opened = [m for m in _OPEN_TAG.finditer(piece)]
-    if not opened:
+    """Put back the stop tag the backend dropped: the text ends inside `<search>` or `<answer>`, i.e. the last
+    opener of some action comes after that action's last closer (the later such opener wins). Found with
+    `rfind`, not a lookahead to the end of the text from every opener."""
+    unclosed = []
+    for action in ACTIONS:
+        opened = piece.rfind(f"<{action}>")
+        if opened >= 0 and piece.rfind(f"</{action}>") < opened:
+            unclosed.append((opened, action))
+    if not unclosed:
         return piece
-    return piece + f"</{opened[-1].group(1)}>"
+    return piece + f"</{max(unclosed)[1]}>"
+
+
+def first_action(text: str) -> tuple[str, str] | None:
+    """(action, content) of the leftmost `<search>`/`<answer>` opener that its own closer follows -- what
+    `<(search|answer)>(.*?)</\\1>` finds -- in linear time: an opener can close only if it comes before its
+    action's last closer."""
+    last_closer = {action: text.rfind(f"</{action}>") for action in ACTIONS}
+    for match in _OPENER.finditer(text):
+        action = match.group(1)
+        if match.end() <= last_closer[action]:
+            return action, text[match.end() : text.find(f"</{action}>", match.end())]
+    return None
 
 
 def parse_action(text: str) -> Parsed:
     """{"action": "search" | "answer" | None, "content", "sub_queries"} from the first action tag."""
-    match = _ACTION.search(close_open_tag(text))
-    if not match:
-        return Parsed({"action": None, "content": "", "sub_queries": []}, ok=False, error="no <search> or <answer> tag")
-    action, content = match.group(1), match.group(2).strip()
+    notes = cut_notes(text)
+    found = first_action(close_open_tag(bounded(text)))
+    if not found:
+        return Parsed(
+            {"action": None, "content": "", "sub_queries": []},
+            ok=False,
+            error="no <search> or <answer> tag",
+            notes=notes,
+        )
+    action, content = found[0], found[1].strip()
     sub_queries = split_sub_queries(content) if action == "search" else []
     if action == "search" and not sub_queries:
-        return Parsed({"action": None, "content": content, "sub_queries": []}, ok=False, error="empty search")
-    return Parsed({"action": action, "content": content, "sub_queries": sub_queries}, ok=True)
+        return Parsed(
+            {"action": None, "content": content, "sub_queries": []}, ok=False, error="empty search", notes=notes
+        )
+    if len(sub_queries) > MAX_SUB_QUERIES:
+        notes.append(f"{len(sub_queries)} sub-queries; the first {MAX_SUB_QUERIES} searched")
+        sub_queries = sub_queries[:MAX_SUB_QUERIES]
+    return Parsed({"action": action, "content": content, "sub_queries": sub_queries}, ok=True, notes=notes)
 
 
 def split_sub_queries(content: str) -> list[str]:
-    return [part.strip() for part in content.split(SUB_QUERY_SEPARATOR) if part.strip()]
+    """The `##`-separated sub-queries that say something (a letter or digit), each cut to
+    `BASELINE_QUERY_MAX_CHARS`."""
+    parts = (part.strip()[:BASELINE_QUERY_MAX_CHARS].strip() for part in content.split(SUB_QUERY_SEPARATOR))
+    return [part for part in parts if has_content(part)]
 
 
 def information_block(hit_lists: list[list[Hit]], max_words: int) -> str:

@@ -22,20 +22,21 @@ kept from the block the step's `<important_info>` applied to; the generator call
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import partial
 
+from maps_train import safejson
 from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, reopen_stop, search_r1_docs
 from maps_train.agents.baselines.vanilla import parse_direct
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_question, passage_body, truncate_words
-from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, first_tag_content, has_content
+from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
+from maps_train.records.trace import SubQueryHits, TraceRecord
 from maps_train.retrieval.base import Hit
-from maps_train.traces.schema import SubQueryHits, TraceRecord
 
 SEARCHER_PROMPT = "baselines/s3_searcher"
 GENERATOR_PROMPT = "baselines/s3_generator"
@@ -44,9 +45,9 @@ NUDGE = (
     "\n\nThe documents so far are not enough to answer the question. I will write a brand-new search query in JSON "
     "between <query> and </query>:\n<query>\n"
 )
-_COMPLETE = re.compile(r"<search_complete>(.*?)</search_complete>", re.DOTALL)
-_IMPORTANT = re.compile(r"<important_info>(.*?)</important_info>", re.DOTALL)
-_QUERY = re.compile(r"<query>(.*?)</query>", re.DOTALL)
+_DOC_NUMBER = re.compile(r"[0-9]+")
+MAX_DOC_DIGITS = 6  # a Doc number is small; a longer digit run is noise (and `int` refuses over 4,300 digits)
+MAX_IMPORTANT = 100  # Doc numbers read from one `<important_info>` (ids outside the block are ignored anyway)
 
 
 @dataclass
@@ -62,38 +63,58 @@ def parse_searcher(text: str, query_open: bool = False) -> Parsed:
     """{"complete": bool, "query": str | None, "important": [ints] | None} from one searcher turn.
 
     The backend drops the `</query>` stop tag; `query_open`: the context ended with an open `<query>` (the nudge),
-    so the turn may start inside the query."""
+    so the turn may start inside the query. Each tag is the first closed one (found in one pass, not by a lazy
+    regex retried from every unclosed opener)."""
+    notes = cut_notes(text)
+    text = bounded(text)
     if query_open and QUERY_OPEN not in text:
         text = QUERY_OPEN + text
     text, _ = reopen_stop(text, QUERY_OPEN, QUERY_CLOSE)
-    complete_match = _COMPLETE.search(text)
-    complete = bool(complete_match) and complete_match.group(1).strip().lower() in ("true", "yes", "1", "y")
-    important = None
-    important_match = _IMPORTANT.search(text)
-    if important_match:
-        important = list(dict.fromkeys(int(n) for n in re.findall(r"\d+", important_match.group(1))))
+    flag = first_tag_content(text, "<search_complete>", "</search_complete>")
+    complete = flag is not None and flag.strip().lower() in ("true", "yes", "1", "y")
+    important_text = first_tag_content(text, "<important_info>", "</important_info>")
+    important = doc_numbers(important_text) if important_text is not None else None
     query = None
-    query_match = _QUERY.search(text)
-    if query_match and not complete:
-        query = query_text(query_match.group(1))
+    query_block = first_tag_content(text, QUERY_OPEN, QUERY_CLOSE)
+    if query_block is not None and not complete:
+        query = query_text(query_block)
     ok = complete or bool(query)
     value = {"complete": complete, "query": query, "important": important}
-    return Parsed(value, ok=ok, error=None if ok else "neither a query nor <search_complete>True</search_complete>")
+    error = None if ok else "neither a query nor <search_complete>True</search_complete>"
+    return Parsed(value, ok=ok, error=error, notes=notes)
+
+
+def doc_numbers(text: str) -> list[int]:
+    """The distinct Doc numbers in `text`, in order: runs of at most `MAX_DOC_DIGITS` digits, `MAX_IMPORTANT` at
+    most."""
+    numbers = (match.group() for match in _DOC_NUMBER.finditer(text))
+    distinct = dict.fromkeys(int(number) for number in numbers if len(number) <= MAX_DOC_DIGITS)
+    return list(distinct)[:MAX_IMPORTANT]
 
 
 def query_text(raw: str) -> str | None:
-    """The query inside `<query>`: JSON {"query": ...} (a list: its first item), else the raw text."""
-    raw = raw.strip()
+    """The query inside `<query>`: JSON {"query": ...} (a list: its first item), else the raw text. A JSON object
+    whose query is not a string with a letter or digit (null, a number, "...") is no query, never its Python
+    spelling ("None")."""
+    raw = bounded(raw).strip()
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        return raw or None
+        data = safejson.loads(raw)
+    except safejson.JSONLimitError:
+        return _search_text(raw)
     if isinstance(data, dict) and "query" in data:
         value = data["query"]
         if isinstance(value, list):
-            value = value[0] if value else ""
-        return str(value).strip() or None
-    return raw or None
+            value = value[0] if value else None
+        return _search_text(value)
+    return _search_text(raw)
+
+
+def _search_text(value: object) -> str | None:
+    """A query worth searching: a string with a letter or digit, cut to `BASELINE_QUERY_MAX_CHARS`."""
+    if not isinstance(value, str):
+        return None
+    value = safejson.scrub(value).strip()[:BASELINE_QUERY_MAX_CHARS].strip()
+    return value if has_content(value) else None
 
 
 def kept_documents(run: S3Run) -> list[Hit]:

@@ -26,10 +26,11 @@ from maps_train.agents.baselines.answers import extract_reasoned_answer
 from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, reopen_stop
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_passages, format_question
-from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
+from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
-from maps_train.traces.schema import SubQueryHits, TraceRecord
+from maps_train.records.trace import SubQueryHits, TraceRecord
 
 BEGIN_QUERY = "<|begin_search_query|>"
 END_QUERY = "<|end_search_query|>"
@@ -57,15 +58,21 @@ def result_block(text: str) -> str:
 
 
 def parse_reasoner(text: str) -> Parsed:
-    """The turn's search query (the content of an unclosed or closed last query marker), or none."""
+    """The turn's search query (the content of an unclosed or closed last query marker), or none. A query with
+    no letter or digit is not a search (counted as a parse failure); a longer one than
+    `BASELINE_QUERY_MAX_CHARS` is cut."""
+    notes = cut_notes(text)
+    text = bounded(text, keep="tail")  # the query marker that matters is the last one
     start = text.rfind(BEGIN_QUERY)
     if start < 0:
-        return Parsed({"query": None}, ok=True)
-    tail = text[start + len(BEGIN_QUERY) :]
-    query = tail.split(END_QUERY, 1)[0].strip()
-    if END_QUERY in tail and tail.split(END_QUERY, 1)[1].strip():
-        return Parsed({"query": None}, ok=True)  # a closed query followed by more text is not a call
-    return Parsed({"query": query or None}, ok=bool(query), error=None if query else "empty search query")
+        return Parsed({"query": None}, ok=True, notes=notes)
+    query, closed, after = text[start + len(BEGIN_QUERY) :].partition(END_QUERY)
+    if closed and after.strip():
+        return Parsed({"query": None}, ok=True, notes=notes)  # a closed query followed by more text is not a call
+    query = query.strip()[:BASELINE_QUERY_MAX_CHARS].strip()
+    if not has_content(query):
+        return Parsed({"query": None}, ok=False, error="empty search query", notes=notes)
+    return Parsed({"query": query}, ok=True, notes=notes)
 
 
 def abridge_reasoning(reasoning: str) -> str:
@@ -86,13 +93,17 @@ def abridge_reasoning(reasoning: str) -> str:
 
 def parse_condensed(text: str) -> Parsed:
     """The text after the last "**Final Information**" heading, on one line; the original's "No helpful
-    information found." when the heading is missing (counted as a parse failure)."""
+    information found." when the heading is missing or nothing with a letter or digit follows it (counted as a
+    parse failure)."""
+    notes = cut_notes(text)
+    text = bounded(text, keep="tail")  # the heading that matters is the last one
     if INFO_HEADING not in text:
-        return Parsed(
-            {"information": NO_INFO}, ok=False, error="no **Final Information** heading; fallback: no information"
-        )
+        error = "no **Final Information** heading; fallback: no information"
+        return Parsed({"information": NO_INFO}, ok=False, error=error, notes=notes)
     info = " ".join(text.rsplit(INFO_HEADING, 1)[1].strip().strip("`").split())
-    return Parsed({"information": info or NO_INFO}, ok=bool(info), error=None if info else "empty information")
+    if not has_content(info):
+        return Parsed({"information": NO_INFO}, ok=False, error="empty information", notes=notes)
+    return Parsed({"information": info}, ok=True, notes=notes)
 
 
 @register_method("search_o1")

@@ -12,18 +12,21 @@ from maps_train.agents.baselines.answers import extract_direct_answer
 from maps_train.agents.baselines.base import BaselineEngine
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_passages, format_question
-from maps_train.agents.jsonparse import Parsed
+from maps_train.agents.jsonparse import Parsed, has_content
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
-from maps_train.traces.schema import SubQueryHits, TraceRecord
+from maps_train.records.trace import SubQueryHits, TraceRecord
 
 PROMPT = "baselines/vanilla_generator"
 
 
 def parse_direct(text: str, letters: list[str] | None) -> Parsed:
+    """The generator's answer; ok when one was found and it says something (a letter or digit: "-" or "..." is a
+    placeholder, not an answer)."""
     answer, how = extract_direct_answer(text, letters)
-    ok = how != "none" and (how != "letter" or bool(answer))
-    return Parsed({"answer": answer, "format": how}, ok=ok, error=None if ok else f"no answer found ({how})")
+    if how == "none" or not has_content(answer):
+        return Parsed({"answer": answer, "format": how}, ok=False, error=f"no answer found ({how})")
+    return Parsed({"answer": answer, "format": how}, ok=True)
 
 
 @register_method("vanilla")
