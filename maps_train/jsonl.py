@@ -13,6 +13,8 @@ from typing import Any
 from maps_train import safejson
 from maps_train.errors import MapsTrainError
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, line without its newline, whether a newline ended it) for every line of `path`."""
@@ -39,5 +41,7 @@ def iter_jsonl(path: str | Path, what: str = "file") -> Iterator[tuple[int, dict
     if not path.is_file():
         raise MapsTrainError(f"{path}: no such {what}")
     for number, line, _ in iter_lines(path):
+        if number == 1 and line.startswith(UTF8_BOM):  # written by some editors and spreadsheet exports
+            line = line[len(UTF8_BOM) :]
         if line.strip():
             yield number, decode_object(line, f"{path}:{number}")

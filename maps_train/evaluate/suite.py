@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from maps_train.config import check_plain_name, dump_yaml, load_config, to_dict
+from maps_train.config import check_plain_name, dump_yaml, load_config, redact_secrets, to_dict
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
@@ -242,7 +242,7 @@ def run_suite(
 
     out_dir = Path(suite.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SUITE_MANIFEST).write_text(dump_yaml(suite), encoding="utf-8")
+    (out_dir / SUITE_MANIFEST).write_text(dump_yaml(redact_secrets(suite)), encoding="utf-8")
     samples_path = out_dir / "samples.json"
     samples = json.loads(samples_path.read_text()) if samples_path.is_file() else {}
     for name, chosen in questions.items():
