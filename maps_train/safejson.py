@@ -23,31 +23,6 @@ class JSONLimitError(ValueError):
     """Not JSON, or JSON beyond a bound (depth, integer size, non-finite number, invalid UTF-8)."""
 
 
-def nesting_depth(text: str, limit: int) -> int:
-    """Deepest `[`/`{` nesting outside string literals, stopping early once `limit` is passed (linear time)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def _bounded_int(literal: str) -> int:
     if len(literal.lstrip("-")) > MAX_INT_DIGITS:
         raise JSONLimitError(f"integer with {len(literal)} digits (limit {MAX_INT_DIGITS})")
@@ -69,8 +44,7 @@ DECODER = json.JSONDecoder(parse_int=_bounded_int, parse_float=_bounded_float, p
 
 
 def check_depth(text: str, max_depth: int = MAX_DEPTH) -> None:
-    depth = nesting_depth(text, max_depth)
-    if depth > max_depth:
+    if exceeds_depth(text, 0, max_depth):
         raise JSONLimitError(f"JSON nested deeper than {max_depth} levels")
 
 
