@@ -82,6 +82,18 @@ class BackendConfig:
 
 
 @dataclass
+class SamplingConfig:
+    """What the agent puts on every request it sends, over its routes' sampling (null: the route's value)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    # Base seed. Each request's seed is derived from (seed, sample, question id, role, call index of that role in
+    # the question), so a run is reproducible whatever the batch size or a resume; null: no seed is sent.
+    seed: int | None = None
+    sample: int = 0  # which sample of a question this run is (`maps-train traces` sets it per sample folder)
+
+
+@dataclass
 class AgentConfig:
     method: Literal["maps", "vanilla", "search_o1", "parallel_search", "s3"] = "maps"
     num_directions: int = 3  # N; the no-parallelism ablation is N = 1
@@ -95,16 +107,20 @@ class AgentConfig:
     max_searches: int = 10  # search_o1 / parallel_search / s3
     max_turns: int = 15
     prompts_dir: str | None = None  # overrides the packaged prompt files
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # per-request sampling over the routes'
 
 
 @dataclass
 class TracesConfig:
     questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"])
     out_dir: str = "runs/traces"
+    # > 1: rejection sampling. Every request of sample k carries sample_temperature, top_p and a seed derived
+    # from (seed, k, question, role, call index) (see agent.sampling); sft-data keeps the correct, distinct ones.
     samples_per_question: int = 1
     sample_temperature: float = 0.7  # used when samples_per_question > 1
+    top_p: float | None = None  # used when samples_per_question > 1; null: each route's top_p
     limit: int | None = None
-    seed: int = 0
+    seed: int = 0  # base seed of the sampled runs
 
 
 @dataclass
@@ -123,7 +139,8 @@ class SFTDataConfig:
     require_parsed: bool = True
     max_prompt_tokens: int | None = None
     max_completion_tokens: int | None = None
-    dedupe: bool = True
+    dedupe: bool = True  # drop a role call whose (role, prompt, completion) an earlier kept sample already gave
+    max_samples_per_question: int | None = 2  # kept samples (traces) per question, in sample order; null: all
     skip_bad_lines: bool = False
     enable_thinking: bool = False
     tokenizer: str | None = None  # for token statistics; the student when null

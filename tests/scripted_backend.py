@@ -1,7 +1,10 @@
 """Named test doubles for the agent engines' control flow (beside the real-model e2e tests).
 
 `ScriptedBackend` implements `Backend.generate`: it answers each request from a per-role script and logs every
-batch it was given, so tests can assert what was sent, in how many calls. `RecordingRetriever` implements
+batch it was given, so tests can assert what was sent, in how many calls. Behind a `Router` (which passes each
+request's route) it also logs the `CallSpec` each request became, route and request merged: the sampling a real
+backend would run (`specs`), and its completions report that sampling as a real backend's do.
+`RecordingBackend` wraps a real backend and logs the same (requests and specs) on the way through. `RecordingRetriever` implements
 `Retriever.search` over a handful of passages with a word-overlap score and logs every call.
 
 The default scripts write valid JSON whose strings are unique per question, round and direction (e.g. a sub-query
@@ -13,9 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any
 
+from maps_train.llm.common import CallSpec, call_spec
 from maps_train.llm.types import ChatRequest, Completion
+from maps_train.recipe import RoleRoute
 from maps_train.retrieval.base import Hit
 
 # A script gets the request and the turn: how many earlier requests of this role this question made (0-based).
@@ -70,9 +76,13 @@ def default_answer(request: ChatRequest, turn: int) -> str:
 
 
 class ScriptedBackend:
-    """Backend test double: replies by role from scripts, logs every `generate` batch in `batches`."""
+    """Backend test double: replies by role from scripts, logs every `generate` batch in `batches` (and, when a
+    router passed routes, the merged specs in `specs`).
 
-    def __init__(self, scripts: dict[str, Script] | None = None):
+    `run_of(request)` tells runs of the same question apart (e.g. the sample a request's seed belongs to): a
+    script's turn counts the earlier requests of the same role, question AND run. By default there is one run."""
+
+    def __init__(self, scripts: dict[str, Script] | None = None, run_of: Callable[[ChatRequest], Hashable] | None = None):
         self.scripts: dict[str, Script] = {
             "proposer": default_proposer,
             "writer": default_writer,
@@ -81,13 +91,17 @@ class ScriptedBackend:
         }
         self.scripts.update(scripts or {})
         self.batches: list[list[ChatRequest]] = []
+        self.specs: list[CallSpec] = []
+        self.run_of = run_of or (lambda request: None)
         self._turns: Counter = Counter()
 
-    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+    def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
         self.batches.append(list(requests))
+        specs = [call_spec(req, route) for req, route in zip(requests, routes)] if routes else None
+        self.specs.extend(specs or [])
         completions = []
-        for request in requests:
-            key = (request.role, request.question_id)
+        for i, request in enumerate(requests):
+            key = (request.role, request.question_id, self.run_of(request))
             text = self.scripts[request.role](request, self._turns[key])
             self._turns[key] += 1
             completions.append(
@@ -99,6 +113,7 @@ class ScriptedBackend:
                     model="scripted",
                     finish_reason="stop",
                     role=request.role,
+                    **(specs[i].sampling_used() if specs else _asked(request)),
                 )
             )
         return completions
@@ -114,6 +129,26 @@ class ScriptedBackend:
     def batch_roles(self) -> list[list[str]]:
         """The distinct roles of each generate() call, in call order."""
         return [sorted({r.role for r in batch}) for batch in self.batches]
+
+
+def _asked(request: ChatRequest) -> dict[str, Any]:
+    return {"temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
+
+
+class RecordingBackend:
+    """Wraps a real backend: logs each batch's requests and the specs they became (as `ScriptedBackend` does),
+    then lets the backend answer."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.batches: list[list[ChatRequest]] = []
+        self.specs: list[CallSpec] = []
+
+    def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
+        self.batches.append(list(requests))
+        if routes:
+            self.specs.extend(call_spec(req, route) for req, route in zip(requests, routes))
+        return self.inner.generate(requests, routes)
 
 
 DEFAULT_PASSAGES = [

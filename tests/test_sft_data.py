@@ -92,4 +92,5 @@ def test_several_samples_get_distinct_seeds_and_folders(tmp_path):
     dirs = run_dirs(recipe)
     assert [d.name for _, d, _ in dirs] == ["sample-0", "sample-1", "sample-2"]
     sampled = sample_recipe(recipe, 2)
-    assert sampled.route("proposer").temperature == 0.8 and sampled.route("proposer").seed == 7
+    assert sampled.roles == recipe.roles  # sampling travels on the requests now (tests/test_sampling.py)
+    assert (sampled.agent.sampling.temperature, sampled.agent.sampling.seed, sampled.agent.sampling.sample) == (0.8, 5, 2)

@@ -3,7 +3,9 @@ batched search per step, and turning a finished question into a `TraceRecord`.
 
 An engine advances a batch of questions together. Each step it builds one `RolePlan` per pending call (for all
 active questions), sends them with ONE `backend.generate`, and parses every completion with the plan's parser,
-which always yields a usable value (counted as a parse failure when it took a fallback). Baselines subclass
+which always yields a usable value (counted as a parse failure when it took a fallback). Every request carries
+`agent.sampling` (temperature, top_p, and with a base seed a seed of its own: see `request_seed`), which the
+backend merges over the role's route, and each call's trace usage records the sampling it ran with. Baselines subclass
 `Engine`, register with `maps_train.agents.registry.register_method`, and reuse these helpers.
 """
 
@@ -23,7 +25,7 @@ from maps_train.config import to_dict
 from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend, ChatRequest, Completion
 from maps_train.questions import Question
-from maps_train.recipe import Recipe
+from maps_train.recipe import Recipe, SamplingConfig
 from maps_train.records.answer import Cost
 from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
@@ -40,6 +42,7 @@ class QuestionRun:
     final_call: RoleCall | None = None
     final_answer: str = ""
     stop_reason: str = ""
+    calls_made: Counter = field(default_factory=Counter)  # role -> requests sent so far (the seed's call index)
 
     @property
     def current(self) -> RoundRecord:
@@ -85,6 +88,8 @@ def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
     agent = to_dict(recipe.agent)
     agent.pop("batch_size", None)
     agent.pop("prompts_dir", None)  # the prompt texts themselves are hashed instead
+    if recipe.agent.sampling == SamplingConfig():
+        agent.pop("sampling", None)  # unset: the digest stays what it was before the section existed (resumes)
     retrieval = to_dict(recipe.retrieval)
     relevant = {
         "agent": agent,
@@ -97,7 +102,21 @@ def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def usage_of(completion: Completion) -> CallUsage:
+def request_seed(base: int, sample: int, question_id: str, role: str, index: int) -> int:
+    """The seed of one request: a hash of (base seed, sample, question id, role, call index of that role within
+    the question). Distinct across samples and calls; the same on a rerun whatever the batch size, the questions
+    around it or a resume. 31 bits, which every backend takes (vLLM, the OpenAI API, torch)."""
+    blob = json.dumps([base, sample, question_id, role, index])
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def usage_of(completion: Completion, request: ChatRequest | None = None) -> CallUsage:
+    """A call's usage; the sampling is what the backend reports it ran, else what the request asked for."""
+    asked = request or ChatRequest(role="", messages=[])
     return CallUsage(
         prompt_tokens=int(completion.prompt_tokens or 0),
         completion_tokens=int(completion.completion_tokens or 0),
@@ -106,6 +125,9 @@ def usage_of(completion: Completion) -> CallUsage:
         adapter=completion.adapter,
         finish_reason=completion.finish_reason,
         constrained=bool(getattr(completion, "constrained", False)),
+        temperature=_first(getattr(completion, "temperature", None), asked.temperature),
+        top_p=_first(getattr(completion, "top_p", None), asked.top_p),
+        seed=_first(getattr(completion, "seed", None), asked.seed),
     )
 
 
@@ -143,21 +165,33 @@ class Engine:
             self._digest = config_digest(self.recipe, digests)
         return self._digest
 
+    def request_of(self, plan: RolePlan) -> ChatRequest:
+        """The plan as a request, with `agent.sampling` on it: its temperature and top_p, and (with a base seed)
+        a seed of its own derived from the question, the role and how many calls of that role came before."""
+        sampling = self.agent.sampling
+        run = plan.run
+        index = run.calls_made[plan.role]
+        run.calls_made[plan.role] += 1
+        seed = None
+        if sampling.seed is not None:
+            seed = request_seed(sampling.seed, sampling.sample, run.question.id, plan.role, index)
+        return ChatRequest(
+            role=plan.role,
+            messages=plan.messages,
+            json_schema=plan.json_schema,
+            question_id=run.question.id,
+            max_tokens=plan.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=seed,
+            stop=plan.stop,
+        )
+
     def call_roles(self, plans: list[RolePlan]) -> list[tuple[RoleCall, Parsed]]:
         """All `plans` in ONE backend call; each reply recorded on its question (trace call, cost, failures)."""
         if not plans:
             return []
-        requests = [
-            ChatRequest(
-                role=plan.role,
-                messages=plan.messages,
-                json_schema=plan.json_schema,
-                question_id=plan.run.question.id,
-                max_tokens=plan.max_tokens,
-                stop=plan.stop,
-            )
-            for plan in plans
-        ]
+        requests = [self.request_of(plan) for plan in plans]
         self.generate_calls += 1
         if self.on_step is not None:
             self.on_step(f"{'/'.join(dict.fromkeys(plan.role for plan in plans))} x{len(plans)}")
@@ -166,7 +200,7 @@ class Engine:
             raise MapsTrainError(f"backend returned {len(completions)} completions for {len(requests)} requests")
         results = []
         longest: dict[tuple[int, str], tuple[QuestionRun, float]] = {}
-        for plan, completion in zip(plans, completions):
+        for plan, request, completion in zip(plans, requests, completions):
             key = (id(plan.run), plan.role)
             latency = float(completion.latency_s or 0.0)
             if key not in longest or latency > longest[key][1]:
@@ -179,7 +213,7 @@ class Engine:
                 raw_text=text,
                 parsed=parsed.value,
                 parse_ok=parsed.ok,
-                usage=usage_of(completion),
+                usage=usage_of(completion, request),
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
             )

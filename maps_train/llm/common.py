@@ -18,7 +18,10 @@ _THINK_CLOSE = "</think>"
 
 @dataclass
 class CallSpec:
-    """One request as a backend runs it: the route's sampling with the request's overrides applied."""
+    """One request as a backend runs it: the route's sampling with the request's overrides applied.
+
+    Sampling travels on the request (temperature, top_p, seed), not on the route, so one engine serves greedy
+    evaluation and sampled teacher runs alike and each request can carry its own seed."""
 
     request: ChatRequest
     route: RoleRoute
@@ -34,9 +37,26 @@ class CallSpec:
     def adapter(self) -> str | None:
         return self.route.adapter
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
     def sampling_key(self) -> tuple:
-        """Requests with equal keys can share one `generate` call of a backend with per-call sampling (HF)."""
+        """Requests with equal keys can share one `generate` call of a backend with per-call sampling (HF).
+
+        Greedy decoding ignores top_p and the seed, so greedy rows share a key whatever those say."""
+        if self.greedy:
+            return (self.max_tokens, 0.0, tuple(self.stop or ()))
         return (self.max_tokens, self.temperature, self.top_p, tuple(self.stop or ()), self.seed)
+
+    def sampling_used(self) -> dict[str, Any]:
+        """The sampling fields a `Completion` reports (what the backend ran, not what the route said)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+
+def _override(value: Any, default: Any) -> Any:
+    """A request's field wins over the route's unless it is None (0 and 0.0 are real values)."""
+    return value if value is not None else default
 
 
 def call_spec(request: ChatRequest, route: RoleRoute) -> CallSpec:
@@ -45,11 +65,11 @@ def call_spec(request: ChatRequest, route: RoleRoute) -> CallSpec:
     return CallSpec(
         request=request,
         route=route,
-        max_tokens=request.max_tokens if request.max_tokens is not None else route.max_tokens,
-        temperature=request.temperature if request.temperature is not None else route.temperature,
-        top_p=route.top_p,
+        max_tokens=_override(request.max_tokens, route.max_tokens),
+        temperature=_override(request.temperature, route.temperature),
+        top_p=_override(request.top_p, route.top_p),
         stop=request.stop,
-        seed=route.seed,
+        seed=_override(request.seed, route.seed),
         chat_template_kwargs=kwargs,
         json_schema=request.json_schema if route.structured else None,
     )

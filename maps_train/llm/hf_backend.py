@@ -4,12 +4,20 @@ A batch whose rows use different adapters runs as one `generate(..., adapter_nam
 adapter batches; `"__base__"` is the bare model). Prompts are left-padded. Rows are grouped by sampling settings
 (one generation config per call) and split into `hf_batch_size` chunks. JSON schemas are NOT enforced here
 (no constrained decoding): completions say `constrained=False` and callers parse tolerantly.
+
+Seeds: `generate` draws every row of a batch from one torch generator, so a row's tokens would depend on its
+batch mates. A sampled row with a seed therefore runs ALONE, under `torch.manual_seed(seed)` inside
+`torch.random.fork_rng` (the caller's global RNG state is left as it was): the same seed and request give the same
+text in any batch. The cost is one `generate` call per seeded sampled row (a sampled teacher run on this backend
+loses batching); greedy rows, and sampled rows without a seed, still batch.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from maps_train.errors import MapsTrainError
@@ -92,7 +100,7 @@ class HFBackend:
         results: list[Completion | None] = [None] * len(specs)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, spec in enumerate(specs):
-            groups[spec.sampling_key()].append(i)
+            groups[_group_key(spec, i)].append(i)
         size = max(1, self.config.hf_batch_size)
         for rows in groups.values():
             for start in range(0, len(rows), size):
@@ -122,10 +130,8 @@ class HFBackend:
             raise MapsTrainError("hf backend: an adapter was requested but none is loaded")
         if spec.stop:
             kwargs.update(stop_strings=spec.stop, tokenizer=tok)
-        if spec.temperature > 0 and spec.seed is not None:
-            torch.manual_seed(spec.seed)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with self._seeded(spec), torch.inference_mode():
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen, **kwargs)
         latency = time.perf_counter() - start
         eos_ids = set(_as_list(gen.eos_token_id))
@@ -158,9 +164,26 @@ class HFBackend:
                     finish_reason=finish,
                     role=s.request.role,
                     constrained=False,
+                    **s.sampling_used(),
                 )
             )
         return completions
+
+    @contextmanager
+    def _seeded(self, spec: CallSpec) -> Iterator[None]:
+        """Seed torch for one seeded sampled row, restoring the global RNG state afterwards."""
+        if spec.greedy or spec.seed is None:
+            yield
+            return
+        import torch
+
+        devices = []
+        if self.device.startswith("cuda"):
+            index = torch.device(self.device).index
+            devices = [torch.cuda.current_device() if index is None else index]
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(spec.seed)
+            yield
 
     def _generation_config(self, spec: CallSpec):
         import copy
@@ -171,7 +194,7 @@ class HFBackend:
         gen.pad_token_id = self.tokenizer.pad_token_id
         if gen.eos_token_id is None:
             gen.eos_token_id = self.tokenizer.eos_token_id
-        if spec.temperature > 0:
+        if not spec.greedy:
             gen.do_sample, gen.temperature, gen.top_p = True, spec.temperature, spec.top_p
         else:
             gen.do_sample, gen.temperature, gen.top_p, gen.top_k = False, None, None, None
@@ -182,6 +205,13 @@ class HFBackend:
         import gc
 
         gc.collect()
+
+
+def _group_key(spec: CallSpec, row: int) -> tuple:
+    """Rows with equal keys share a `generate` call; a seeded sampled row gets a key of its own (see above)."""
+    if not spec.greedy and spec.seed is not None:
+        return (*spec.sampling_key(), "row", row)
+    return spec.sampling_key()
 
 
 def _as_list(value: Any) -> list[int]:

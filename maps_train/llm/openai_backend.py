@@ -3,7 +3,8 @@
 Requests run concurrently on a private asyncio loop (bounded by `backend.concurrency` per server), each sent to
 the least-loaded of `backend.base_urls`. The adapter is chosen with `model=NAME` (a route's `adapter`, or its
 folder name when it is a path: serve adapters as `--lora-modules NAME=PATH`); base-model rows use the server's
-base model (found once from `/v1/models`). vLLM extras go in `extra_body`: `chat_template_kwargs`,
+base model (found once from `/v1/models`). Each request sends its own `temperature`, `top_p` and, when set, `seed`
+(the route's, overridden by the request's). vLLM extras go in `extra_body`: `chat_template_kwargs`,
 `structured_outputs={"json": schema}`, and for `truncate_prompt: left` the server's `truncate_prompt_tokens`
 (keeps the newest tokens). Timeouts, connection errors, 429 and 5xx are retried with exponential backoff
 (`max_retries`, `retry_backoff_s`); then, as on any other refusal, one MapsTrainError line.
@@ -176,6 +177,7 @@ class OpenAIBackend:
             finish_reason=choice.finish_reason,
             role=spec.request.role,
             constrained=spec.json_schema is not None,
+            **spec.sampling_used(),
         )
 
     async def _all(self, specs: list[CallSpec]) -> list[Completion]:

@@ -15,6 +15,8 @@ class ChatRequest:
     # Per-request overrides of the route's sampling (None: the route's value).
     max_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None  # sampled rows with a seed are reproducible: same seed, same request, same text
     stop: list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # merged over the route's (e.g. enable_thinking)
     continue_final_message: bool = False  # the last message is a partial assistant turn to continue
@@ -32,6 +34,10 @@ class Completion:
     finish_reason: str | None = None  # "stop", "length", ...
     role: str = ""
     constrained: bool = False  # True when a JSON schema constrained decoding (vllm, openai; never hf)
+    # The sampling the backend actually used (route merged with the request's overrides), for the trace.
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,7 +3,9 @@
 Prompts are rendered with the tokenizer's chat template here (per-request `chat_template_kwargs`, which
 `LLM.chat` only takes per call) and passed as token ids, so a whole mixed batch (different roles, adapters,
 sampling, schemas) is ONE `LLM.generate` call with per-prompt `SamplingParams` and `lora_request` lists.
-JSON schemas become `StructuredOutputsParams(json=...)`. The engine starts on first use; `close()` frees it and
+JSON schemas become `StructuredOutputsParams(json=...)`. Temperature, top_p and seed are per request (the route's,
+overridden by the request's): vLLM draws each seeded request from its own generator, so a seed reproduces a
+request's text whatever else is in the batch (up to batch-dependent float rounding in the logits). The engine starts on first use; `close()` frees it and
 a later call starts it again.
 """
 
@@ -120,7 +122,8 @@ class VLLMBackend:
 
     # -- generation -----------------------------------------------------------------------------------------
 
-    def sampling_params(self, spec: CallSpec):
+    @staticmethod
+    def sampling_params(spec: CallSpec):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -171,6 +174,7 @@ class VLLMBackend:
                     finish_reason=sample.finish_reason,
                     role=spec.request.role,
                     constrained=spec.json_schema is not None,
+                    **spec.sampling_used(),
                 )
             )
         return completions

@@ -84,6 +84,10 @@ class CallUsage:
     adapter: str | None = None
     finish_reason: str | None = None
     constrained: bool = False  # the backend applied the role's JSON schema (constrained decoding)
+    # The sampling the call ran with; None in traces written before these were recorded.
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "usage") -> CallUsage:
@@ -97,6 +101,9 @@ class CallUsage:
             adapter=_get(data, "adapter", str, where, None),
             finish_reason=_get(data, "finish_reason", str, where, None),
             constrained=bool(_get(data, "constrained", bool, where, None)),
+            temperature=_get(data, "temperature", float, where, None),
+            top_p=_get(data, "top_p", float, where, None),
+            seed=_get(data, "seed", int, where, None),
         )
 
 

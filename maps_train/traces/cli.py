@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
         recipe: str = typer.Argument(..., help="Recipe: teacher routes (roles), retrieval, traces.*"),
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. traces.limit=100"),
     ) -> None:
-        """Run MAPS with the teacher over traces.questions and record every role call (resumable)."""
+        """Run MAPS with the teacher over traces.questions and record every role call (resumable); with
+        traces.samples_per_question > 1, k seeded samples per question at traces.sample_temperature."""
         from maps_train.config import to_dict
         from maps_train.recipe import load_recipe
         from maps_train.traces.collect import collect_traces
@@ -37,7 +38,8 @@ def register(app: typer.Typer) -> None:
         skip_bad_lines: bool = typer.Option(None, "--skip-bad-lines/--no-skip-bad-lines",
                                             help="Skip malformed trace lines instead of stopping at the first."),
     ) -> None:
-        """Keep correct, fully parsed traces; write one TRL prompt-completion set per adapter, with statistics."""
+        """Keep correct, fully parsed, distinct samples (at most sft_data.max_samples_per_question per question);
+        write one TRL prompt-completion set per adapter, with per-role counts of kept and rejected rows."""
         from maps_train.recipe import load_recipe
         from maps_train.traces.sft import build_sft_sets
 

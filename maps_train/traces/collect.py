@@ -1,9 +1,17 @@
 """`maps-train traces RECIPE`: teacher MAPS runs over training questions, recorded as traces.
 
 Each questions file of `traces.questions` runs into its own folder, once per sample:
-`<traces.out_dir>/<file stem>/sample-<k>/{answers,traces}.jsonl`. With `samples_per_question > 1` every route
-samples at `sample_temperature` with seed `seed + k`, so the SFT-set builder can keep the correct ones
-(rejection sampling). Every folder resumes on its own, through `run_method`.
+`<traces.out_dir>/<file stem>/sample-<k>/{answers,traces}.jsonl`. Every folder resumes on its own, through
+`run_method`.
+
+With `samples_per_question > 1` (rejection sampling) sample k runs with `agent.sampling` set to
+`sample_temperature`, `top_p` and base seed `traces.seed` with sample index k: the agent engine puts that sampling
+on every request it sends, each with its own seed derived from (seed, k, question id, role, call index of the role
+in the question; `maps_train.agents.engine.request_seed`). So the k samples of a question differ, and each is
+reproducible: a rerun, a resume or another batch size sends the same seeds. The routes (and so the router and its
+engines, built once and shared by every sample) are not changed; the sampling travels on the requests, and each
+call's trace usage records the temperature, top_p and seed it ran with. `maps-train sft-data` then keeps the
+correct, fully parsed, distinct samples. A single sample runs the recipe as it is (the routes' sampling).
 """
 
 from __future__ import annotations
@@ -18,15 +26,20 @@ from maps_train.recipe import Recipe
 
 
 def sample_recipe(recipe: Recipe, sample: int) -> Recipe:
-    """The recipe for sample `sample`: unchanged for a single greedy sample, else sampled with a distinct seed."""
+    """The recipe of sample `sample`: unchanged for a single sample, else with the sample's `agent.sampling`
+    (routes untouched: the shared router copied them when it was built, so changing them here would not reach it)."""
     config = recipe.traces
     if config.samples_per_question <= 1:
         return recipe
-    roles = {
-        role: dataclasses.replace(route, temperature=config.sample_temperature, seed=config.seed + sample)
-        for role, route in recipe.roles.items()
-    }
-    return dataclasses.replace(recipe, roles=roles)
+    current = recipe.agent.sampling
+    sampling = dataclasses.replace(
+        current,
+        temperature=config.sample_temperature,
+        top_p=config.top_p if config.top_p is not None else current.top_p,
+        seed=config.seed,
+        sample=sample,
+    )
+    return dataclasses.replace(recipe, agent=dataclasses.replace(recipe.agent, sampling=sampling))
 
 
 def run_dirs(recipe: Recipe) -> list[tuple[Path, Path, int]]:

@@ -1,13 +1,26 @@
 """`maps-train sft-data`: teacher traces -> one SFT set per adapter, in TRL's conversational prompt-completion form.
 
-A trace is kept when its final answer is right (Cover-EM; letter accuracy for multiple choice) and every role
-output parsed; each kept role call becomes one row of the adapter that serves that role:
+Rejection sampling over the samples `maps-train traces` wrote (`<traces>/<file>/sample-<k>/traces.jsonl`, read in
+sample order). A sample (one question's trace) is kept when:
+
+1. its final answer is right (`require_correct`: Cover-EM for short answers, the letter for multiple choice,
+   `maps_train.records.metrics.score_answer`), else rejected as `incorrect`;
+2. every role output parsed (`require_parsed`), else `unparsed`;
+3. fewer than `max_samples_per_question` samples of its question were kept before it, else `over_cap`;
+4. it adds something (`dedupe`): a role call whose (role, prompt messages, completion) an earlier kept call gave
+   is a `duplicate` row, and a sample made only of duplicates is rejected whole (it does not count against the cap).
+
+Each kept role call becomes one row of the adapter that serves that role, unless it is over a length cap
+(`prompt_too_long`, `completion_too_long`):
 
     {"prompt": [messages exactly as the teacher saw them], "completion": [{"role": "assistant", "content": raw}],
      "chat_template_kwargs": {"enable_thinking": false}, "question_id": ..., "role": ...}
 
-`chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows over the length
-caps and exact duplicates are dropped. Rejects are counted by reason; the statistics are printed and saved.
+`chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. The statistics
+(printed, and saved as `<out_dir>/stats.json`) count rejected samples by reason (`rejects`: `incorrect_answer`,
+`parse_failure`, `over_cap`, `duplicate_sample`, `bad_line`; and rows: `duplicate_row`, `prompt_too_long`,
+`completion_too_long`), and per role the rows kept and rejected by reason (`rows`: role -> reason -> count, with
+`kept`; a rejected sample's calls count under its reason).
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +46,9 @@ STATS_FILE = "stats.json"
 class SFTStats:
     traces: int = 0
     kept_traces: int = 0
-    rejects: Counter = field(default_factory=Counter)  # reason -> traces (or rows, for row-level reasons)
+    rejects: Counter = field(default_factory=Counter)  # reason -> samples (or rows, for row-level reasons)
     examples: Counter = field(default_factory=Counter)  # adapter -> rows
+    rows: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # role -> reason|"kept" -> rows
     prompt_tokens: Counter = field(default_factory=Counter)  # role -> tokens
     completion_tokens: Counter = field(default_factory=Counter)
     bad_lines: list[str] = field(default_factory=list)
@@ -44,6 +59,7 @@ class SFTStats:
             "kept_traces": self.kept_traces,
             "rejects": dict(self.rejects),
             "examples": dict(self.examples),
+            "rows": {role: dict(counts) for role, counts in sorted(self.rows.items())},
             "prompt_tokens": dict(self.prompt_tokens),
             "completion_tokens": dict(self.completion_tokens),
             "bad_lines": self.bad_lines[:50],
@@ -54,6 +70,10 @@ class SFTStats:
                  "rejects: " + (", ".join(f"{k}={v}" for k, v in sorted(self.rejects.items())) or "none"),
                  "| adapter | examples |", "|---|---:|"]
         lines += [f"| {name} | {count} |" for name, count in sorted(self.examples.items())]
+        reasons = sorted({reason for counts in self.rows.values() for reason in counts} - {KEPT})
+        lines += ["| role | kept rows |" + "".join(f" {r} |" for r in reasons), "|---|---:|" + "---:|" * len(reasons)]
+        lines += [f"| {role} | {counts[KEPT]} |" + "".join(f" {counts[r]} |" for r in reasons)
+                  for role, counts in sorted(self.rows.items())]
         lines += ["| role | prompt tokens | completion tokens |", "|---|---:|---:|"]
         lines += [f"| {role} | {self.prompt_tokens[role]} | {self.completion_tokens[role]} |"
                   for role in sorted(set(self.prompt_tokens) | set(self.completion_tokens))]
@@ -61,13 +81,20 @@ class SFTStats:
 
 
 def trace_files(traces_dir: str | Path) -> list[Path]:
+    """Every traces file under `traces_dir`, samples in numeric order (sample-2 before sample-10): the cap on
+    samples per question keeps the earliest."""
     root = Path(traces_dir)
     if root.is_file():
         return [root]
-    files = sorted(root.rglob(TRACES_FILE))
+    files = sorted(root.rglob(TRACES_FILE), key=_natural_key)
     if not files:
         raise MapsTrainError(f"{root}: no {TRACES_FILE} found (run `maps-train traces RECIPE` first)")
     return files
+
+
+def _natural_key(path: Path) -> list[Any]:
+    # re.split with a group alternates text and digit runs, so the keys of two paths compare position by position
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
 def is_correct(trace: TraceRecord) -> bool:
@@ -108,18 +135,105 @@ class TokenCounter:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+KEPT = "kept"
+# A rejected sample's reason: (the `rejects` key, counted per sample; the `rows` key its calls count under)
+INCORRECT = ("incorrect_answer", "incorrect")
+UNPARSED = ("parse_failure", "unparsed")
+OVER_CAP = ("over_cap", "over_cap")
+DUPLICATE = ("duplicate_sample", "duplicate")
+
+
+class SFTSetBuilder:
+    """Rejection sampling over traces, one at a time and in sample order; rows accumulate per adapter."""
+
+    def __init__(self, recipe: Recipe):
+        self.config = recipe.sft_data
+        self.role_to_adapter = adapter_of_role(recipe, shared=False)
+        self.kwargs = {"enable_thinking": self.config.enable_thinking}
+        self.counter = TokenCounter(self.config.tokenizer or recipe.train.student)
+        self.stats = SFTStats()
+        self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.seen: set[str] = set()  # digests of the (role, prompt, completion) rows kept so far
+        self.kept_per_question: Counter = Counter()
+
+    def add(self, trace: TraceRecord) -> None:
+        self.stats.traces += 1
+        calls = [call for call in trace.all_calls() if call.role in self.role_to_adapter]  # the trained roles
+        reason = self._rejection(trace, calls)
+        if reason is not None:
+            self.stats.rejects[reason[0]] += 1
+            for call in calls:
+                self.stats.rows[call.role][reason[1]] += 1
+            return
+        self.stats.kept_traces += 1
+        self.kept_per_question[_question_key(trace)] += 1
+        for call in calls:
+            self._add_row(trace, call)
+
+    def _rejection(self, trace: TraceRecord, calls: list[RoleCall]) -> tuple[str, str] | None:
+        config = self.config
+        if config.require_correct and not is_correct(trace):
+            return INCORRECT
+        if config.require_parsed and not all(call.parse_ok for call in trace.all_calls()):
+            return UNPARSED
+        if config.dedupe and calls and all(self._digest(call) in self.seen for call in calls):
+            return DUPLICATE  # before the cap: a copy of a kept sample is a duplicate whether or not the cap is full
+        cap = config.max_samples_per_question
+        if cap is not None and self.kept_per_question[_question_key(trace)] >= cap:
+            return OVER_CAP
+        return None
+
+    def _digest(self, call: RoleCall) -> str:
+        completion = completion_text(call, self.config.enable_thinking)
+        return hashlib.sha256(json.dumps([call.role, call.messages, completion], sort_keys=True).encode()).hexdigest()
+
+    def _add_row(self, trace: TraceRecord, call: RoleCall) -> None:
+        config, counts = self.config, self.stats.rows[call.role]
+        if config.dedupe:
+            digest = self._digest(call)
+            if digest in self.seen:
+                self.stats.rejects["duplicate_row"] += 1
+                counts["duplicate"] += 1
+                return
+            self.seen.add(digest)
+        completion = completion_text(call, config.enable_thinking)
+        prompt_tokens = self.counter.prompt(call.messages, self.kwargs)
+        completion_tokens = self.counter.completion(completion)
+        too_long = None
+        if config.max_prompt_tokens is not None and prompt_tokens > config.max_prompt_tokens:
+            too_long = "prompt_too_long"
+        elif config.max_completion_tokens is not None and completion_tokens > config.max_completion_tokens:
+            too_long = "completion_too_long"
+        if too_long is not None:
+            self.stats.rejects[too_long] += 1
+            counts[too_long] += 1
+            return
+        adapter = self.role_to_adapter[call.role]
+        self.rows[adapter].append({
+            "prompt": call.messages,
+            "completion": [{"role": "assistant", "content": completion}],
+            "chat_template_kwargs": self.kwargs,
+            "question_id": trace.question_id,
+            "role": call.role,
+        })
+        counts[KEPT] += 1
+        self.stats.examples[adapter] += 1
+        self.stats.prompt_tokens[call.role] += prompt_tokens
+        self.stats.completion_tokens[call.role] += completion_tokens
+
+
+def _question_key(trace: TraceRecord) -> tuple[str, str]:
+    # The id and the text: two questions files may reuse an id for different questions.
+    return trace.question_id, trace.question
+
+
 def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: str | None = None,
                    skip_bad_lines: bool | None = None) -> SFTStats:
     config = recipe.sft_data
     skip = config.skip_bad_lines if skip_bad_lines is None else skip_bad_lines
     out = Path(out_dir or config.out_dir)
-    role_to_adapter = adapter_of_role(recipe, shared=False)
-    kwargs = {"enable_thinking": config.enable_thinking}
-    counter = TokenCounter(config.tokenizer or recipe.train.student)
-    stats = SFTStats()
-    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    seen: set[str] = set()
-
+    builder = SFTSetBuilder(recipe)
+    stats = builder.stats
     for path in trace_files(traces_dir or config.traces_dir):
         for _, item in iter_traces(path):
             if isinstance(item, TraceFormatError):
@@ -128,50 +242,11 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
                 stats.rejects["bad_line"] += 1
                 stats.bad_lines.append(str(item))
                 continue
-            stats.traces += 1
-            if config.require_correct and not is_correct(item):
-                stats.rejects["incorrect_answer"] += 1
-                continue
-            calls = item.all_calls()
-            if config.require_parsed and not all(call.parse_ok for call in calls):
-                stats.rejects["parse_failure"] += 1
-                continue
-            stats.kept_traces += 1
-            for call in calls:
-                adapter = role_to_adapter.get(call.role)
-                if adapter is None:
-                    continue
-                completion = completion_text(call, config.enable_thinking)
-                if config.dedupe:
-                    digest = hashlib.sha256(
-                        json.dumps([adapter, call.messages, completion], sort_keys=True).encode()
-                    ).hexdigest()
-                    if digest in seen:
-                        stats.rejects["duplicate_row"] += 1
-                        continue
-                    seen.add(digest)
-                prompt_tokens = counter.prompt(call.messages, kwargs)
-                completion_tokens = counter.completion(completion)
-                if config.max_prompt_tokens is not None and prompt_tokens > config.max_prompt_tokens:
-                    stats.rejects["prompt_too_long"] += 1
-                    continue
-                if config.max_completion_tokens is not None and completion_tokens > config.max_completion_tokens:
-                    stats.rejects["completion_too_long"] += 1
-                    continue
-                rows[adapter].append({
-                    "prompt": call.messages,
-                    "completion": [{"role": "assistant", "content": completion}],
-                    "chat_template_kwargs": kwargs,
-                    "question_id": item.question_id,
-                    "role": call.role,
-                })
-                stats.examples[adapter] += 1
-                stats.prompt_tokens[call.role] += prompt_tokens
-                stats.completion_tokens[call.role] += completion_tokens
+            builder.add(item)
 
     out.mkdir(parents=True, exist_ok=True)
     for adapter in config.adapter_roles:
-        _write_jsonl(out / adapter / "train.jsonl", rows.get(adapter, []))
+        _write_jsonl(out / adapter / "train.jsonl", builder.rows.get(adapter, []))
     _write_text(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
     return stats
 
