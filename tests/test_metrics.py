@@ -1,16 +1,22 @@
-"""Answer metrics on hand-worked cases: FlashRAG's normalisation, Cover-EM, EM, F1, GPQA letters, unicode."""
+"""Answer metrics on hand-worked cases: FlashRAG's normalisation, Cover-EM, EM, F1, GPQA letters, golds that
+normalise to nothing, and the optional Unicode-aware normaliser. The cross-check against a FlashRAG reference on
+the real data sets is tests/test_cover_em_flashrag.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from maps_train.errors import ConfigError
 from maps_train.records.metrics import (
     answer_words,
     choice_accuracy,
     cover_em,
+    empty_golds,
     exact_match,
     extract_choice,
+    has_no_scorable_gold,
     normalize_answer,
+    normalize_answer_unicode,
     score_answer,
     token_f1,
 )
@@ -25,6 +31,24 @@ from maps_train.records.metrics import (
         ("theater", "theater"),  # articles only as whole words
         ("U.S.A.", "usa"),
         ("$1,000", "1000"),  # string.punctuation holds ASCII symbols too
+        ("“Rush” — the band…", "“rush” — band…"),  # FlashRAG: only ASCII punctuation is deleted
+        ("1990–1995", "1990–1995"),  # the en dash is not ASCII: kept
+        ("«Amélie»", "«amélie»"),
+        ("Cafe\u0301", "cafe\u0301"),  # no Unicode normal form
+        ("x²", "x²"),
+        ("A+", ""),  # "+" deleted, then the article "a" (an NQ gold that normalises to nothing)
+        ("", ""),
+    ],
+)
+def test_normalize_answer(text, expected):
+    assert normalize_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Jean-Luc Picard", "jeanluc picard"),
+        ("$1,000", "1000"),
         ("“Rush” — the band…", "rush band"),  # curly quotes, em dash, ellipsis are category P*
         ("1990–1995", "19901995"),  # en dash deleted like "-"
         ("«Amélie»", "amélie"),  # accents kept
@@ -33,8 +57,8 @@ from maps_train.records.metrics import (
         ("", ""),
     ],
 )
-def test_normalize_answer(text, expected):
-    assert normalize_answer(text) == expected
+def test_normalize_answer_unicode(text, expected):
+    assert normalize_answer_unicode(text) == expected
 
 
 def test_cover_em_is_substring_without_word_boundary():
@@ -43,7 +67,7 @@ def test_cover_em_is_substring_without_word_boundary():
     assert cover_em("the start", "art") == 1.0
     assert cover_em("Jean Luc", "Jean-Luc") == 0.0  # "jeanluc" is not in "jean luc"
     assert cover_em("jeanluc picard", "Jean-Luc") == 1.0
-    assert cover_em("The answer is “Rush”.", ["rush"]) == 1.0
+    assert cover_em("The answer is “Rush”.", ["rush"]) == 1.0  # a substring, curly quotes or not
     assert cover_em("Paris", ["London", "Lyon", "paris"]) == 1.0  # best over aliases
     assert cover_em("Paris", ["London", "Lyon"]) == 0.0
     assert cover_em("Beyonce", ["Beyoncé"]) == 0.0  # accents are not stripped
@@ -52,7 +76,28 @@ def test_cover_em_is_substring_without_word_boundary():
 def test_exact_match():
     assert exact_match("The Beatles!", ["beatles"]) == 1.0
     assert exact_match("The Beatles were a band", ["beatles"]) == 0.0
-    assert exact_match("Jean–Luc", "jean-luc") == 1.0  # en dash and hyphen both deleted
+    assert exact_match("Jean–Luc", "jean-luc") == 0.0  # FlashRAG keeps the en dash, deletes the hyphen
+
+
+def test_the_unicode_normaliser_is_selectable():
+    assert exact_match("Jean–Luc", "jean-luc", normalizer="unicode") == 1.0  # en dash and hyphen both deleted
+    assert exact_match("“Rush”", ["Rush"]) == 0.0 and exact_match("“Rush”", ["Rush"], normalizer="unicode") == 1.0
+    assert cover_em("Café", ["Cafe\u0301"]) == 0.0 and cover_em("Café", ["Cafe\u0301"], normalizer="unicode") == 1.0
+    assert score_answer("“Rush”", ["Rush"], normalizer="unicode")["em"] == 1.0
+    assert score_answer("“Rush”", ["Rush"])["em"] == 0.0
+    with pytest.raises(ConfigError, match="normalizer: unknown 'nfkc'"):
+        cover_em("x", ["x"], normalizer="nfkc")
+
+
+def test_a_gold_that_normalises_to_nothing_is_never_matched():
+    # FlashRAG finds "" in every response: these NQ golds would score anything 1 (and EM 1 for an empty answer).
+    for gold in ("---", ")", "*", "A+", "the"):
+        assert cover_em("anything at all", [gold]) == 0.0 and exact_match("", [gold]) == 0.0
+        assert token_f1("", [gold]) == 0.0 and has_no_scorable_gold([gold])
+    assert cover_em("blood type AB+", ["A+", "AB+"]) == 1.0  # the other alias still counts
+    assert cover_em("O negative", ["A+", "AB+"]) == 0.0
+    assert empty_golds(["A+", "AB+"]) == ["A+"] and not has_no_scorable_gold(["A+", "AB+"])
+    assert empty_golds(["x", "*"], normalizer="unicode") == ["*"]
 
 
 def test_token_f1_hand_worked():

@@ -43,6 +43,9 @@ class QuestionRun:
     final_answer: str = ""
     stop_reason: str = ""
     calls_made: Counter = field(default_factory=Counter)  # role -> requests sent so far (the seed's call index)
+    # Batched searches this question took part in: one per `Engine.search` call that held at least one of its
+    # queries. The one stop-round count every method shares (a method's own `rounds` counts its turns).
+    retrieval_rounds: int = 0
 
     @property
     def current(self) -> RoundRecord:
@@ -67,6 +70,7 @@ class QuestionRun:
             options=list(self.question.options) if self.question.options else None,
             parse_failures=dict(self.parse_failures),
             cost=self.cost.rounded(),
+            retrieval_rounds=self.retrieval_rounds,
         )
 
 
@@ -120,6 +124,7 @@ def usage_of(completion: Completion, request: ChatRequest | None = None) -> Call
     return CallUsage(
         prompt_tokens=int(completion.prompt_tokens or 0),
         completion_tokens=int(completion.completion_tokens or 0),
+        reasoning_tokens=int(completion.reasoning_tokens or 0),
         latency_s=round(float(completion.latency_s or 0.0), 4),
         model=completion.model or "",
         adapter=completion.adapter,
@@ -217,7 +222,8 @@ class Engine:
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
             )
-            plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens)
+            plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens,
+                                         completion.reasoning_tokens)
             if not parsed.ok:
                 plan.run.parse_failures[plan.role] += 1
             results.append((call, parsed))
@@ -243,6 +249,8 @@ class Engine:
             raise MapsTrainError(f"retriever returned {len(results)} result lists for {len(unique)} queries")
         by_query = dict(zip(unique, results))
         share = elapsed / len(requests)
+        for run in {id(run): run for run, _ in requests}.values():
+            run.retrieval_rounds += 1
         hit_lists = []
         for run, query in requests:
             hits = list(by_query[query])[:k]

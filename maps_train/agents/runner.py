@@ -33,6 +33,7 @@ def answer_record(trace: TraceRecord) -> AnswerRecord:
         method=trace.method,
         dataset=trace.dataset,
         rounds=trace.num_rounds,
+        retrieval_rounds=trace.retrieval_rounds,
         stop_reason=trace.stop_reason,
         cost=trace.cost,
         parse_failures=dict(trace.parse_failures),

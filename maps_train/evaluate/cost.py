@@ -23,9 +23,6 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 
-COST_KEYS = ("calls", "prompt_tokens", "completion_tokens", "retrievals", "passages", "latency_s")
-ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens")
-
 
 def safetensors_parameters(folder: Path) -> int | None:
     """Exact parameter count from the headers of every *.safetensors file in `folder` (reads a few KB each)."""

@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from maps_train.errors import MapsTrainError
-from maps_train.evaluate.cost import COST_KEYS, ROLE_KEYS
 from maps_train.evaluate.results import read_results
 from maps_train.evaluate.summary import AVG, SCORE_KEYS, summarize
+from maps_train.records.answer import COST_KEYS, ROLE_KEYS
 
 RESULTS = "results.jsonl"
 SUITE_MANIFEST = "suite.yaml"
@@ -129,6 +129,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         "",
         *_metric_table(summary, "cover_em", 100, 1),
         "",
+        *[f"- {system}: {note}" for system, note in summary.get("notes", {}).items()],
+        *([""] if summary.get("notes") else []),
         "## EM x 100",
         "",
         *_metric_table(summary, "em", 100, 1),
@@ -224,6 +226,7 @@ def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
         labels=labels,
         suite=manifest.get("name", ""),
     )
+    summary["notes"] = {s["name"]: s["note"] for s in manifest.get("systems", []) if s.get("note")}
     files = ReportFiles(
         markdown=out_dir / "report.md",
         cover_em_csv=out_dir / "table_cover_em.csv",

@@ -35,10 +35,11 @@ def score_record(
     system: str,
     answer_mode: str,
     params_for_role: Callable[[str], int | None],
+    normalizer: str = "flashrag",
 ) -> dict[str, Any]:
     """One results.jsonl line: the answer, its metrics, its cost and estimated compute."""
     text = answer.answer or ""
-    metrics = score_answer(text, question.golden_answers, answer_mode, question.options)
+    metrics = score_answer(text, question.golden_answers, answer_mode, question.options, normalizer=normalizer)
     cost = answer.cost.to_dict()
     return {
         "system": system,

@@ -61,6 +61,7 @@ class SystemSpec:
     # student base with one LoRA adapter per role on an offline vLLM engine; `distilled_server`: the same through a
     # running `maps-train serve` (backend.base_urls); `student_base`: every role on the student base, no adapters.
     routes: Literal["recipe", "distilled", "distilled_server", "student_base"] = "recipe"
+    note: str | None = None  # printed under the report's Cover-EM table (e.g. "prompted protocol, not RL-trained")
 
 
 @dataclass
@@ -71,6 +72,9 @@ class SuiteConfig:
     datasets: list[DatasetSpec] = field(default_factory=list)
     systems: list[SystemSpec] = field(default_factory=list)
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="maps-train-eval"))
+    # Answer normalisation for Cover-EM/EM/F1: FlashRAG's `normalize_answer` (the paper's protocol), or "unicode"
+    # (also Unicode punctuation and NFC; see maps_train/records/metrics.py).
+    normalizer: Literal["flashrag", "unicode"] = "flashrag"
 
 
 @dataclass
@@ -292,7 +296,7 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
             answers[record.question_id] = record
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
         rows = [
-            score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup)
+            score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup, suite.normalizer)
             for q in pending
             if q.id in answers
         ]

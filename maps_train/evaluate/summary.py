@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from statistics import fmean
 from typing import Any
 
-from maps_train.evaluate.cost import COST_KEYS, ROLE_KEYS
+from maps_train.records.answer import COST_KEYS, ROLE_KEYS
 
 AVG = "Avg"
 SCORE_KEYS = ("cover_em", "em", "f1", "answer_words")

@@ -1,5 +1,6 @@
-"""What every backend shares: a request merged with its role's route, prompt rendering and fitting, and
-splitting Qwen3 thinking out of the generated text."""
+"""What every backend shares: a request merged with its role's route, prompt rendering (chat template, chat
+continuation, or raw continuation of the model's own turn) and fitting, splitting Qwen3 thinking out of the
+generated text, and counting the tokens spent thinking."""
 
 from __future__ import annotations
 
@@ -82,15 +83,64 @@ def default_route(model: str = "", adapter: str | None = None) -> RoleRoute:
 
 def render_prompt(tokenizer: Any, spec: CallSpec) -> str:
     """The chat template applied the way vLLM's chat entry point does it (text, then tokenised without
-    special tokens), so HF and vLLM see the same prompt tokens for the same request."""
-    cont = spec.request.continue_final_message
-    return tokenizer.apply_chat_template(
-        spec.request.messages,
+    special tokens), so HF and vLLM see the same prompt tokens for the same request. A raw continuation is
+    appended after the rendered generation prompt (see `ChatRequest.raw_continuation`)."""
+    request = spec.request
+    raw = request.raw_continuation
+    if raw is not None and request.continue_final_message:
+        raise MapsTrainError(
+            f"role '{request.role}': a request continues either its last message (continue_final_message) or a "
+            "raw turn (raw_continuation), not both"
+        )
+    cont = request.continue_final_message
+    prompt = tokenizer.apply_chat_template(
+        request.messages,
         tokenize=False,
         add_generation_prompt=not cont,
         continue_final_message=cont,
         **spec.chat_template_kwargs,
     )
+    return prompt if raw is None else prompt + join_continuation(prompt, raw)
+
+
+def join_continuation(prompt: str, raw: str) -> str:
+    """`raw` as it follows `prompt`: a turn written with its own `<think>` loses that tag where the template
+    already opened the block (Qwen3.6, QwQ), so the same turn text continues correctly under either template."""
+    if prompt_opens_thinking(prompt) and raw.lstrip().startswith(_THINK_OPEN):
+        return raw.lstrip()[len(_THINK_OPEN) :].lstrip("\n")
+    return raw
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """Whether generation after `prompt` starts inside a think block.
+
+    Only the end of the prompt decides: a template that opens thinking for the reply ends with `<think>`; a raw
+    continuation is inside a block when its last `<think>` is not closed. Earlier tags (a prompt that mentions
+    `<think>` in its instructions, past turns) do not count."""
+    stripped = prompt.rstrip()
+    if stripped.endswith(_THINK_OPEN):
+        return True
+    tail = _after_last_turn(stripped)
+    return tail.rfind(_THINK_OPEN) > tail.rfind(_THINK_CLOSE)
+
+
+def prompt_closes_thinking(prompt: str) -> bool:
+    """Whether the reply's think block is already closed at the end of `prompt` (Qwen3's thinking-off generation
+    prompt `<think>\n\n</think>\n\n`, or a raw continuation past its reasoning): generation is the answer."""
+    tail = _after_last_turn(prompt.rstrip())
+    return tail.rfind(_THINK_CLOSE) > tail.rfind(_THINK_OPEN)
+
+
+def _after_last_turn(prompt: str) -> str:
+    """The text after the last turn opener of a ChatML prompt (`<|im_start|>`); all of it for other formats."""
+    start = prompt.rfind("<|im_start|>")
+    return prompt[start:] if start >= 0 else prompt
+
+
+def generation_opens_thinking(prompt: str, spec: CallSpec) -> bool:
+    """`prompt_opens_thinking` for what this request generates after: a continued chat message is the model's
+    visible text (thinking off: the only case where chat continuation is used), so it never does."""
+    return not spec.request.continue_final_message and prompt_opens_thinking(prompt)
 
 
 def prompt_token_ids(tokenizer: Any, spec: CallSpec) -> list[int]:
@@ -121,20 +171,68 @@ def fit_prompt(ids: list[int], spec: CallSpec, max_model_len: int, policy: str) 
     )
 
 
-def split_thinking(text: str) -> tuple[str, str | None]:
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str | None]:
     """(answer, reasoning): Qwen3 writes `<think>...</think>` before its answer.
 
-    The opening tag may be in the prompt (the template opens it), so a lone `</think>` also ends reasoning; an
-    unclosed `<think>` (output cut at max_tokens) is all reasoning and no answer.
+    `opened`: the prompt already opened the block (see `prompt_opens_thinking`), so the text starts as reasoning
+    with no opening tag, and without a `</think>` it is all reasoning (cut off at max_tokens, or stopped at a stop
+    string inside the block). Otherwise a lone `</think>` also ends reasoning; an unclosed `<think>` is all
+    reasoning and no answer.
     """
     if _THINK_CLOSE in text:
         head, _, tail = text.partition(_THINK_CLOSE)
         reasoning = head.split(_THINK_OPEN, 1)[-1].strip()
         return tail.strip(), reasoning
     stripped = text.lstrip()
+    if opened:
+        return "", stripped.removeprefix(_THINK_OPEN).strip()
     if stripped.startswith(_THINK_OPEN):
         return "", stripped[len(_THINK_OPEN) :].strip()
     return text, None
+
+
+def reasoning_token_count(token_ids: list[int], tokenizer: Any, answer: str, reasoning: str | None) -> int:
+    """How many of the generated `token_ids` were thinking: up to and including the first `</think>` token, all
+    of them when no answer followed (the block never closed). A tokenizer without a `</think>` token (the tag
+    written as text) is counted by encoding the reasoning."""
+    if reasoning is None:
+        return 0
+    close_id = think_close_id(tokenizer)
+    if close_id is not None and close_id in token_ids:
+        return token_ids.index(close_id) + 1
+    if not answer:
+        return len(token_ids)
+    encoded = tokenizer(f"{_THINK_OPEN}{reasoning}{_THINK_CLOSE}", add_special_tokens=False)["input_ids"]
+    return min(len(token_ids), len(encoded))
+
+
+def think_close_id(tokenizer: Any) -> int | None:
+    """The id of `</think>` when the vocabulary holds it as one token (the Qwen3 family), else None."""
+    ids = tokenizer.convert_tokens_to_ids([_THINK_CLOSE])
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    return ids[0] if ids and ids[0] is not None and ids[0] != unknown else None
+
+
+def model_can_think(path: str) -> bool:
+    """Whether a model folder's (or hub id's) tokenizer has a `</think>` token; True when it cannot be read here
+    (a hub id not cached: the paper's models are Qwen3), so a reasoning parser is not silently left out."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return True
+    return think_close_id(tokenizer) is not None
+
+
+def estimated_reasoning_tokens(completion_tokens: int, answer: str, reasoning: str | None) -> int:
+    """Reasoning tokens when nothing counted them (a server without a reasoning parser and no local tokenizer):
+    the completion's tokens shared in proportion to the characters of reasoning and answer."""
+    if not reasoning:
+        return 0
+    if not answer:
+        return completion_tokens
+    return round(completion_tokens * len(reasoning) / (len(reasoning) + len(answer)))
 
 
 def cut_at_stop(text: str, stop: list[str] | None) -> tuple[str, bool]:

@@ -3,7 +3,9 @@
 A batch whose rows use different adapters runs as one `generate(..., adapter_names=[...])` call (PEFT's mixed
 adapter batches; `"__base__"` is the bare model). Prompts are left-padded. Rows are grouped by sampling settings
 (one generation config per call) and split into `hf_batch_size` chunks. JSON schemas are NOT enforced here
-(no constrained decoding): completions say `constrained=False` and callers parse tolerantly.
+(no constrained decoding): completions say `constrained=False` and callers parse tolerantly. Thinking is the
+template's `enable_thinking` (route or request); the reasoning is split off the decoded text, so a role's output is
+parsed from what follows `</think>`. A raw continuation is the rendered prompt plus the text, tokenised once.
 
 Seeds: `generate` draws every row of a batch from one torch generator, so a row's tokens would depend on its
 batch mates. A sampled row with a seed therefore runs ALONE, under `torch.manual_seed(seed)` inside
@@ -29,7 +31,9 @@ from maps_train.llm.common import (
     cut_at_stop,
     default_route,
     fit_prompt,
-    prompt_token_ids,
+    generation_opens_thinking,
+    reasoning_token_count,
+    render_prompt,
     split_thinking,
 )
 from maps_train.llm.types import ChatRequest, Completion
@@ -114,8 +118,11 @@ class HFBackend:
         from peft import PeftModel
 
         tok = self.tokenizer
+        texts = [render_prompt(tok, s) for s in specs]
         prompts = [
-            fit_prompt(prompt_token_ids(tok, s), s, self.max_model_len, self.config.truncate_prompt) for s in specs
+            fit_prompt(list(tok(text, add_special_tokens=False)["input_ids"]), s, self.max_model_len,
+                       self.config.truncate_prompt)
+            for s, text in zip(specs, texts)
         ]
         width = max(len(p) for p in prompts)
         pad = tok.pad_token_id
@@ -151,13 +158,14 @@ class HFBackend:
             text, stopped = cut_at_stop(text, s.stop)
             if stopped:
                 finish = "stop"
-            answer, reasoning = split_thinking(text)
+            answer, reasoning = split_thinking(text, generation_opens_thinking(texts[row], s))
             completions.append(
                 Completion(
                     text=answer,
                     reasoning=reasoning,
                     prompt_tokens=len(prompts[row]),
                     completion_tokens=len(new),
+                    reasoning_tokens=reasoning_token_count(new, tok, answer, reasoning),
                     latency_s=latency,
                     model=self.model_name,
                     adapter=None if name == BASE else name,

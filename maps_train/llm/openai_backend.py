@@ -11,6 +11,14 @@ base model (found once from `/v1/models`). Each request sends its own `temperatu
 
 The API key comes from `backend.api_key`, or when that is empty from `$OPENAI_API_KEY`, so that recipes (which are
 logged and shared) need not hold it.
+
+Thinking: `enable_thinking` travels in `chat_template_kwargs`. A server started with `--reasoning-parser qwen3`
+(`maps-train serve` adds it when a route thinks) returns the reasoning apart and applies a JSON schema only after
+`</think>`; it says so by reporting `usage.completion_tokens_details.reasoning_tokens`, which becomes the
+completion's `reasoning_tokens`. Without one, the reasoning is split off the content here (a template that opens
+`<think>` in the prompt is read from the route's tokenizer) and its tokens are estimated. A raw continuation
+(`ChatRequest.raw_continuation`) goes to `/v1/completions`: the conversation rendered here with the route model's
+chat template, then the text, sent as one prompt string without added special tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +32,16 @@ from collections import Counter
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import CallSpec, adapter_name, call_spec, default_route, split_thinking
+from maps_train.llm.common import (
+    CallSpec,
+    adapter_name,
+    call_spec,
+    default_route,
+    estimated_reasoning_tokens,
+    generation_opens_thinking,
+    render_prompt,
+    split_thinking,
+)
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, RoleRoute
 
@@ -52,6 +69,8 @@ class OpenAIBackend:
         self.in_flight = Counter({u: 0 for u in self.urls})
         self.served = Counter()  # url -> requests answered there
         self._base_names: dict[str, str] = {}
+        self._tokenizers: dict[str, Any] = {}  # route model -> its tokenizer (raw continuations, thinking splits)
+        self._tokenizer_errors: dict[str, str] = {}  # route model -> why it has none here
         self._turn = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-backend", daemon=True)
@@ -118,7 +137,52 @@ class OpenAIBackend:
             self._base_names[url] = bases[0]
         return self._base_names[url]
 
+    # -- local rendering ------------------------------------------------------------------------------------
+
+    def tokenizer(self, model: str, role: str) -> Any:
+        """The tokenizer of a route's model (its chat template renders raw continuations), loaded once; a model
+        that has none here is tried once too (None is remembered), and named in a one-line error."""
+        if model not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            from maps_train.models import resolve_model
+
+            try:
+                self._tokenizers[model] = AutoTokenizer.from_pretrained(resolve_model(model))
+            except (OSError, ValueError, MapsTrainError) as err:
+                self._tokenizers[model] = None
+                self._tokenizer_errors[model] = _one_line(err)
+        if self._tokenizers[model] is None:
+            raise MapsTrainError(
+                f"roles.{role}.model: '{model}' has no tokenizer here to render its chat template "
+                f"({self._tokenizer_errors[model]}); the openai backend renders raw continuations locally"
+            )
+        return self._tokenizers[model]
+
+    def local_prompt(self, spec: CallSpec) -> str | None:
+        """The prompt text rendered here: always for a raw continuation; for a thinking chat request, to know
+        whether the template opened `<think>` (when the server does not split the reasoning); else None."""
+        if spec.request.raw_continuation is not None:
+            return render_prompt(self.tokenizer(spec.route.model, spec.request.role), spec)
+        if not spec.chat_template_kwargs.get("enable_thinking"):
+            return None
+        try:  # only a fallback for servers without a reasoning parser: a model named as served may not load here
+            return render_prompt(self.tokenizer(spec.route.model, spec.request.role), spec)
+        except MapsTrainError:
+            return None
+
     # -- generation -----------------------------------------------------------------------------------------
+
+    def completion_body(self, spec: CallSpec, prompt: str) -> dict[str, Any]:
+        """`/v1/completions` for a raw continuation: the rendered prompt as it stands (no BOS added: vLLM's chat
+        path tokenises its rendered text the same way)."""
+        body = self.body(spec)
+        body.pop("messages")
+        extra = body["extra_body"]
+        for key in ("chat_template_kwargs", "continue_final_message", "add_generation_prompt"):
+            extra.pop(key, None)
+        extra["add_special_tokens"] = False
+        return {"prompt": prompt, **body}
 
     def body(self, spec: CallSpec) -> dict[str, Any]:
         extra: dict[str, Any] = {"chat_template_kwargs": spec.chat_template_kwargs}
@@ -143,34 +207,34 @@ class OpenAIBackend:
             body["seed"] = spec.seed
         return body
 
-    async def _one(self, spec: CallSpec) -> Completion:
+    async def _one(self, spec: CallSpec, prompt: str | None) -> Completion:
         url = self._pick_url()
         self.in_flight[url] += 1
+        raw = spec.request.raw_continuation is not None
         try:
             async with self._slots[url]:
                 served_name = adapter_name(spec.adapter) if spec.adapter and "/" in spec.adapter else spec.adapter
                 model = served_name or await self._base_name(url)
-                body = self.body(spec)
                 start = time.perf_counter()
                 what = f"role '{spec.request.role}' (model={model})"
-                resp = await self._with_retries(
-                    url, what, lambda: self._clients[url].chat.completions.create(model=model, **body)
-                )
+                resp = await self._with_retries(url, what, self._sender(url, model, spec, prompt))
                 latency = time.perf_counter() - start
         finally:
             self.in_flight[url] -= 1
         self.served[url] += 1
         choice = resp.choices[0]
-        text, reasoning = split_thinking(choice.message.content or "")
-        server_reasoning = getattr(choice.message, "reasoning", None) or getattr(
-            choice.message, "reasoning_content", None
-        )  # with --reasoning-parser the server splits it
         usage = resp.usage
+        completion_tokens = usage.completion_tokens if usage else 0
+        if raw:
+            text, reasoning, reasoning_tokens = self._split_raw(spec, prompt or "", choice.text or "")
+        else:
+            text, reasoning, reasoning_tokens = _split_chat(spec, prompt, choice.message, usage)
         return Completion(
             text=text,
-            reasoning=server_reasoning or reasoning,
+            reasoning=reasoning,
             prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
+            completion_tokens=completion_tokens,
+            reasoning_tokens=min(reasoning_tokens, completion_tokens),
             latency_s=latency,
             model=resp.model or model,
             adapter=served_name,
@@ -180,8 +244,27 @@ class OpenAIBackend:
             **spec.sampling_used(),
         )
 
-    async def _all(self, specs: list[CallSpec]) -> list[Completion]:
-        tasks = [asyncio.ensure_future(self._one(s)) for s in specs]
+    def _sender(self, url: str, model: str, spec: CallSpec, prompt: str | None):
+        """The call to retry: `/v1/completions` for a raw continuation, `/v1/chat/completions` otherwise."""
+        client = self._clients[url]
+        if spec.request.raw_continuation is not None:
+            body = self.completion_body(spec, prompt or "")
+            return lambda: client.completions.create(model=model, **body)
+        body = self.body(spec)
+        return lambda: client.chat.completions.create(model=model, **body)
+
+    def _split_raw(self, spec: CallSpec, prompt: str, generated: str) -> tuple[str, str | None, int]:
+        """A completion of a raw continuation: split here (the completions API does not), tokens counted with
+        the route's tokenizer."""
+        text, reasoning = split_thinking(generated, generation_opens_thinking(prompt, spec))
+        if reasoning is None:
+            return text, None, 0
+        tok = self.tokenizer(spec.route.model, spec.request.role)
+        head = generated.partition("</think>")[0] + ("</think>" if text else "")
+        return text, reasoning, len(tok(head, add_special_tokens=False)["input_ids"])
+
+    async def _all(self, specs: list[CallSpec], prompts: list[str | None]) -> list[Completion]:
+        tasks = [asyncio.ensure_future(self._one(s, p)) for s, p in zip(specs, prompts)]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -193,7 +276,8 @@ class OpenAIBackend:
             return []
         routes = routes or [default_route()] * len(requests)
         specs = [call_spec(req, route) for req, route in zip(requests, routes)]
-        return self._run(self._all(specs))
+        prompts = [self.local_prompt(s) for s in specs]  # here, not on the event loop: tokenizers load slowly
+        return self._run(self._all(specs, prompts))
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -207,3 +291,19 @@ class OpenAIBackend:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
+
+
+def _split_chat(spec: CallSpec, prompt: str | None, message: Any, usage: Any) -> tuple[str, str | None, int]:
+    """(answer, reasoning, reasoning tokens) of a chat reply. A server with a reasoning parser split it already
+    and counted the tokens (it reports `completion_tokens_details`); otherwise split the content here."""
+    content = message.content or ""
+    server_reasoning = getattr(message, "reasoning", None) or getattr(message, "reasoning_content", None)
+    details = getattr(usage, "completion_tokens_details", None) if usage else None
+    counted = getattr(details, "reasoning_tokens", None) if details is not None else None
+    if counted is not None or server_reasoning:
+        text, reasoning = split_thinking(content)  # a reply with tags left in it (a parser that kept them)
+        return text, server_reasoning or reasoning, int(counted or 0)
+    opened = prompt is not None and generation_opens_thinking(prompt, spec)
+    text, reasoning = split_thinking(content, opened)
+    total = usage.completion_tokens if usage else 0
+    return text, reasoning, estimated_reasoning_tokens(total, text, reasoning)

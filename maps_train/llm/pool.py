@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from maps_train.config import to_dict
-from maps_train.llm.router import Router, make_backend
+from maps_train.llm.router import Router, any_thinking, make_backend
 from maps_train.recipe import Recipe, RoleRoute
 
 
@@ -25,7 +25,8 @@ class EnginePool:
 
         def factory(kind: str, model: str, routes: list[RoleRoute]) -> Any:
             adapters = tuple(sorted({r.adapter for r in routes if r.adapter}))
-            key = (kind, model, adapters, settings)
+            # Thinking is in the key: a vLLM engine's reasoning parser is fixed when it starts (see vllm_backend).
+            key = (kind, model, adapters, settings, any_thinking(routes))
             if key not in self._engines:
                 self._engines[key] = make_backend(kind, model, routes, recipe.backend)
             return self._engines[key]

@@ -86,6 +86,11 @@ class Router:
         self._built.clear()
 
 
+def any_thinking(routes: list[RoleRoute]) -> bool:
+    """Some route of an engine thinks: a vLLM engine then starts with a reasoning parser (it is engine-wide)."""
+    return any(r.enable_thinking for r in routes)
+
+
 def make_backend(kind: str, model: str, routes: list[RoleRoute], config: BackendConfig) -> Any:
     """Build one engine/client for every route that shares it."""
     if kind == "hf":
@@ -96,7 +101,7 @@ def make_backend(kind: str, model: str, routes: list[RoleRoute], config: Backend
         from maps_train.llm.vllm_backend import VLLMBackend
 
         adapters = sorted({r.adapter for r in routes if r.adapter})
-        return VLLMBackend(model, config, max_loras=len(adapters), adapters=adapters)
+        return VLLMBackend(model, config, max_loras=len(adapters), adapters=adapters, thinking=any_thinking(routes))
     if kind == "openai":
         from maps_train.llm.openai_backend import OpenAIBackend
 

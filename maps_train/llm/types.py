@@ -20,6 +20,12 @@ class ChatRequest:
     stop: list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # merged over the route's (e.g. enable_thinking)
     continue_final_message: bool = False  # the last message is a partial assistant turn to continue
+    # Raw text appended after the rendered generation prompt: the model's own partial turn (its reasoning and any
+    # spliced tool results included), continued as the Search-o1 original does with a prompt string. Unlike
+    # `continue_final_message`, the chat template sees only `messages`, so a turn can be resumed inside a Qwen3
+    # thinking block. Write the turn with its own `<think>`: where the template already opened one (Qwen3.6,
+    # QwQ), the backend drops the duplicate. Exclusive with `continue_final_message`.
+    raw_continuation: str | None = None
 
 
 @dataclass
@@ -27,7 +33,8 @@ class Completion:
     text: str
     reasoning: str | None = None  # Qwen3 thinking, when the model thought
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # every generated token, the reasoning's included
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking (up to and including `</think>`)
     latency_s: float = 0.0
     model: str = ""
     adapter: str | None = None

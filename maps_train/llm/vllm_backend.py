@@ -7,6 +7,13 @@ JSON schemas become `StructuredOutputsParams(json=...)`. Temperature, top_p and 
 overridden by the request's): vLLM draws each seeded request from its own generator, so a seed reproduces a
 request's text whatever else is in the batch (up to batch-dependent float rounding in the logits). The engine starts on first use; `close()` frees it and
 a later call starts it again.
+
+Thinking (Qwen3): an engine serving a route with `enable_thinking` starts with `reasoning_parser="qwen3"` (vLLM
+0.32: the `LLM` keyword, copied into `StructuredOutputsConfig.reasoning_parser`), so a JSON grammar applies only
+after the model's `</think>`. The gate reads the prompt: one whose generation prompt is already closed (Qwen3's
+`<think></think>` when thinking is off) is constrained from its first token. A model without a `</think>` token
+(SmolLM2) gets no parser: its prompts never close a block, so the gate would never open and constrained rows
+would run free. A raw continuation (`ChatRequest.raw_continuation`) goes in as the rendered prompt plus the text.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import gc
 import time
 from typing import Any
 
+from maps_train.errors import MapsTrainError
 from maps_train.llm.common import (
     CallSpec,
     adapter_dir,
@@ -22,8 +30,13 @@ from maps_train.llm.common import (
     call_spec,
     default_route,
     fit_prompt,
-    prompt_token_ids,
+    generation_opens_thinking,
+    model_can_think,
+    prompt_closes_thinking,
+    reasoning_token_count,
+    render_prompt,
     split_thinking,
+    think_close_id,
 )
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.platform import apply_runtime_defaults, lora_slots, vllm_on_cpu
@@ -41,9 +54,12 @@ class VLLMBackend:
         enable_lora: bool | None = None,
         adapters: list[str] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        thinking: bool = False,
     ):
         """`max_loras`: distinct adapters this engine serves (at least 1 when LoRA is on); `adapters`: folders to
-        check now (others are checked when first requested); `engine_kwargs` go to `vllm.LLM` unchanged."""
+        check now (others are checked when first requested); `engine_kwargs` go to `vllm.LLM` unchanged;
+        `thinking`: some route of this engine thinks, so start it with the Qwen3 reasoning parser (when the
+        model has a `</think>` token)."""
         from maps_train.models import resolve_model
 
         self.config = config or BackendConfig()
@@ -52,6 +68,9 @@ class VLLMBackend:
         self.enable_lora = bool(max_loras) if enable_lora is None else enable_lora
         self.max_loras = max(1, max_loras)
         self.engine_kwargs = engine_kwargs or {}
+        self.thinking = thinking
+        self._started_with_parser = False
+        self._can_think: bool | None = None  # the model has a `</think>` token (read once, when it matters)
         self._llm = None
         self._tokenizer = None
         self._loras: dict[str, Any] = {}  # adapter folder -> LoRARequest
@@ -69,6 +88,14 @@ class VLLMBackend:
     def _start(self):
         from vllm import LLM
 
+        kwargs = self.llm_kwargs()
+        llm = LLM(**kwargs)
+        self._tokenizer = llm.get_tokenizer()
+        self._started_with_parser = bool(kwargs.get("reasoning_parser"))
+        return llm
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """What `vllm.LLM` is started with (the CPU runtime defaults are applied here, before it starts)."""
         cfg = self.config
         cpu = vllm_on_cpu()
         if cpu:
@@ -84,12 +111,22 @@ class VLLMBackend:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if cfg.structured_disable_whitespace:
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+        if self.reasoning_parser:
+            kwargs["reasoning_parser"] = self.reasoning_parser
         if self.enable_lora:
             kwargs.update(enable_lora=True, max_loras=lora_slots(self.max_loras, cpu), max_lora_rank=cfg.max_lora_rank)
         kwargs.update(self.engine_kwargs)
-        llm = LLM(**kwargs)
-        self._tokenizer = llm.get_tokenizer()
-        return llm
+        return kwargs
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """The reasoning parser to start with: qwen3 when a route thinks and the model can close a think block
+        (has a `</think>` token); None otherwise (see the module doc)."""
+        if not self.thinking:
+            return None
+        if self._can_think is None:
+            self._can_think = model_can_think(self.path)
+        return "qwen3" if self._can_think else None
 
     @property
     def tokenizer(self):
@@ -146,28 +183,35 @@ class VLLMBackend:
         specs = [call_spec(req, route) for req, route in zip(requests, routes)]
         loras = [self.lora_request(s.adapter, s.request.role) if s.adapter else None for s in specs]
         llm, tok = self.llm, self.tokenizer
+        texts = [render_prompt(tok, s) for s in specs]
+        self._check_thinking(specs, texts, tok)
         prompts = [
             TokensPrompt(
                 prompt_token_ids=fit_prompt(
-                    prompt_token_ids(tok, s), s, self.config.max_model_len, self.config.truncate_prompt
+                    list(tok(text, add_special_tokens=False)["input_ids"]),
+                    s,
+                    self.config.max_model_len,
+                    self.config.truncate_prompt,
                 )
             )
-            for s in specs
+            for s, text in zip(specs, texts)
         ]
         params = [self.sampling_params(s) for s in specs]
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, lora_request=loras, use_tqdm=len(prompts) >= 256)
         latency = time.perf_counter() - start
         completions = []
-        for spec, lora, out in zip(specs, loras, outputs):
+        for spec, lora, out, text in zip(specs, loras, outputs, texts):
             sample = out.outputs[0]
-            text, reasoning = split_thinking(sample.text)
+            token_ids = list(sample.token_ids)
+            answer, reasoning = split_thinking(sample.text, generation_opens_thinking(text, spec))
             completions.append(
                 Completion(
-                    text=text,
+                    text=answer,
                     reasoning=reasoning,
                     prompt_tokens=len(out.prompt_token_ids or []),
-                    completion_tokens=len(sample.token_ids),
+                    completion_tokens=len(token_ids),
+                    reasoning_tokens=reasoning_token_count(token_ids, tok, answer, reasoning),
                     latency_s=latency,
                     model=self.model_name,
                     adapter=lora.lora_name if lora is not None else None,
@@ -178,6 +222,30 @@ class VLLMBackend:
                 )
             )
         return completions
+
+    def _check_thinking(self, specs: list[CallSpec], texts: list[str], tokenizer: Any) -> None:
+        """Refuse a constrained row whose grammar would not start where it should, instead of running it wrong:
+        a thinking row on an engine without the reasoning parser (constrained from its first token: no thinking
+        at all), or a non-thinking row on an engine with it whose prompt does not close a think block at its end
+        (the gate would wait for a `</think>` that never comes: a template without Qwen3's empty block)."""
+        if think_close_id(tokenizer) is None:
+            return
+        for spec, text in zip(specs, texts):
+            if spec.json_schema is None:
+                continue
+            role, thinking = spec.request.role, spec.chat_template_kwargs.get("enable_thinking")
+            if not self._started_with_parser and thinking:
+                raise MapsTrainError(
+                    f"roles.{role}.enable_thinking: the vLLM engine for {self.model_name} was started without a "
+                    "reasoning parser, so its JSON grammar would forbid thinking; route a thinking role to it before "
+                    "it starts (the router does), or set roles.<role>.structured=false"
+                )
+            if self._started_with_parser and not thinking and not prompt_closes_thinking(text):
+                raise MapsTrainError(
+                    f"roles.{role}: the prompt of {self.model_name} ends without a think block, so with the reasoning "
+                    "parser its JSON grammar would never start; use a chat template that writes the empty "
+                    "<think></think> block when thinking is off (Qwen3's does)"
+                )
 
     def close(self) -> None:
         """Shut the engine down (its worker process exits); a later call starts a fresh one."""

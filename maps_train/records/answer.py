@@ -17,9 +17,9 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 
-# Counters every cost carries (0 when a foreign record leaves them out).
-COST_KEYS = ("calls", "prompt_tokens", "completion_tokens", "retrievals", "passages", "latency_s")
-ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens")
+# Counters every cost carries (0 when a foreign record leaves them out), as the reports show them.
+ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "reasoning_tokens")
+COST_KEYS = (*ROLE_KEYS, "retrievals", "passages", "latency_s")
 
 
 class RecordFormatError(MapsTrainError):
@@ -39,18 +39,20 @@ def _number(data: dict[str, Any], key: str, where: str, kind: type, error: type[
 class RoleCost:
     calls: int = 0
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # every generated token, thinking included
     latency_s: float = 0.0
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking (0 in records from before thinking)
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "latency_s": round(self.latency_s, 4)}
+                "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
+                "latency_s": round(self.latency_s, 4)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str, error: type[MapsTrainError] = RecordFormatError) -> RoleCost:
         if not isinstance(data, dict):
             raise error(f"{where}: expected an object")
-        return cls(*(_number(data, key, where, int, error) for key in ROLE_KEYS),
+        return cls(**{key: _number(data, key, where, int, error) for key in ROLE_KEYS},
                    latency_s=_number(data, "latency_s", where, float, error))
 
 
@@ -63,12 +65,16 @@ class Cost:
     passages: int = 0  # hits returned for them (before merging)
     retrieval_latency_s: float = 0.0
 
-    def add_completion(self, role: str, prompt_tokens: int | None, completion_tokens: int | None) -> None:
-        """Calls and tokens; latency is booked per batched call with `add_latency` (see the module docstring)."""
+    def add_completion(
+        self, role: str, prompt_tokens: int | None, completion_tokens: int | None, reasoning_tokens: int | None = 0
+    ) -> None:
+        """Calls and tokens (`reasoning_tokens` is the thinking part of `completion_tokens`); latency is booked
+        per batched call with `add_latency` (see the module docstring)."""
         cost = self.by_role.setdefault(role, RoleCost())
         cost.calls += 1
         cost.prompt_tokens += int(prompt_tokens or 0)
         cost.completion_tokens += int(completion_tokens or 0)
+        cost.reasoning_tokens += int(reasoning_tokens or 0)
 
     def add_latency(self, role: str, latency_s: float) -> None:
         self.by_role.setdefault(role, RoleCost()).latency_s += latency_s
@@ -91,6 +97,10 @@ class Cost:
         return sum(c.completion_tokens for c in self.by_role.values())
 
     @property
+    def reasoning_tokens(self) -> int:
+        return sum(c.reasoning_tokens for c in self.by_role.values())
+
+    @property
     def latency_s(self) -> float:
         return round(sum(c.latency_s for c in self.by_role.values()) + self.retrieval_latency_s, 4)
 
@@ -99,6 +109,7 @@ class Cost:
             "calls": self.calls,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "by_role": {role: cost.to_dict() for role, cost in self.by_role.items()},
             "retrievals": self.retrievals,
             "passages": self.passages,
@@ -141,11 +152,14 @@ class AnswerRecord:
     answer: str | None
     method: str | None = None
     dataset: str | None = None
-    rounds: int | None = None
+    rounds: int | None = None  # the method's own rounds (MAPS rounds, baseline turns)
     stop_reason: str | None = None
     cost: Cost = field(default_factory=Cost)
     parse_failures: dict[str, int] = field(default_factory=dict)  # role -> calls whose output took the fallback
     config_digest: str | None = None
+    # Retrieval rounds actually executed: batched searches that held at least one of this question's queries
+    # (the same meaning for every method; 0 when it answered without searching). None in older records.
+    retrieval_rounds: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +168,7 @@ class AnswerRecord:
             "method": self.method,
             "dataset": self.dataset,
             "rounds": self.rounds,
+            "retrieval_rounds": self.retrieval_rounds,
             "stop_reason": self.stop_reason,
             "cost": self.cost.to_dict(),
             "parse_failures": dict(self.parse_failures),
@@ -175,7 +190,7 @@ class AnswerRecord:
             raise RecordFormatError(f"{where}: question_id: expected a string, got {qid!r}")
         at = f"{where}: question {qid}"
         for name, kinds in (("answer", str), ("method", str), ("dataset", str), ("stop_reason", str),
-                            ("config_digest", str), ("rounds", int)):
+                            ("config_digest", str), ("rounds", int), ("retrieval_rounds", int)):
             value = data.get(name)
             if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
                 raise RecordFormatError(f"{at}: '{name}' must be {kinds.__name__}, got {type(value).__name__}")
@@ -194,4 +209,5 @@ class AnswerRecord:
             cost=Cost.from_dict(data.get("cost"), f"{at}: cost"),
             parse_failures={str(k): v for k, v in failures.items()},
             config_digest=data.get("config_digest"),
+            retrieval_rounds=data.get("retrieval_rounds"),
         )

@@ -78,7 +78,7 @@ def _messages(data: dict[str, Any], where: str) -> list[dict[str, str]]:
 @dataclass
 class CallUsage:
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # every generated token, thinking included
     latency_s: float = 0.0
     model: str = ""
     adapter: str | None = None
@@ -88,6 +88,7 @@ class CallUsage:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking; 0 in traces from before thinking
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "usage") -> CallUsage:
@@ -104,6 +105,7 @@ class CallUsage:
             temperature=_get(data, "temperature", float, where, None),
             top_p=_get(data, "top_p", float, where, None),
             seed=_get(data, "seed", int, where, None),
+            reasoning_tokens=_get(data, "reasoning_tokens", int, where, 0),
         )
 
 
@@ -201,6 +203,8 @@ class TraceRecord:
     options: list[str] | None = None
     parse_failures: dict[str, int] = field(default_factory=dict)  # role -> calls whose output took the fallback
     cost: Cost = field(default_factory=Cost)  # as in answers.jsonl
+    # Batched searches the question took part in (see `AnswerRecord.retrieval_rounds`); None in older traces.
+    retrieval_rounds: int | None = None
     schema_version: int = TRACE_SCHEMA_VERSION
 
     @property
@@ -252,6 +256,7 @@ class TraceRecord:
             options=[str(o) for o in options] if options is not None else None,
             parse_failures=dict(failures),
             cost=Cost.from_dict(_get(data, "cost", dict, "", {}) or {}, "cost", TraceFormatError),
+            retrieval_rounds=_get(data, "retrieval_rounds", int, "", None),
             schema_version=version,
         )
 

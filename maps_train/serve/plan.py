@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.common import model_can_think
 from maps_train.models.resolve import resolve_model
 from maps_train.platform import lora_slots, vllm_on_cpu
 from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
@@ -109,6 +110,10 @@ def plan_server(recipe: Recipe) -> ServerPlan:
         command += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if backend.tensor_parallel_size > 1:
         command += ["--tensor-parallel-size", str(backend.tensor_parallel_size)]
+    if recipe.sft_data.enable_thinking and model_can_think(base):
+        # The served routes think: the server returns the reasoning apart, counts its tokens, and starts a JSON
+        # grammar only after `</think>` (without it the grammar would forbid thinking).
+        command += ["--reasoning-parser", "qwen3"]
     command += serve.extra_args
     url = f"http://{serve.host}:{serve.port}/v1"
     return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
