@@ -61,8 +61,10 @@ def train_settings(args, packing: bool) -> dict:
 def run_ours(args, sft_dir: Path, work: Path, packing: bool) -> dict:
     out = work / f"ours-{'packed' if packing else 'padded'}"
     recipe = work / f"recipe-{out.name}.yaml"
-    settings = {"student": args.model, "sft_dir": str(sft_dir), "output_dir": str(out), **train_settings(args, packing)}
-    settings["target_modules"] = "all-linear"
+    flat = train_settings(args, packing)
+    lora = {"r": flat.pop("lora_r"), "lora_alpha": flat.pop("lora_alpha"), "lora_dropout": flat.pop("lora_dropout"),
+            "target_modules": "all-linear"}
+    settings = {"student": args.model, "sft_dir": str(sft_dir), "output_dir": str(out), "lora": lora, "sft": flat}
     recipe.write_text(yaml.safe_dump({"name": "bench", "train": settings}))
     start = time.perf_counter()
     subprocess.run(

@@ -3,6 +3,10 @@
 `load_config(Recipe, "recipes/x.yaml", ["agent.num_directions=4"])` returns a `Recipe` whose every field was
 checked against its annotation. Any mismatch raises `ConfigError` with one line naming the file and the field.
 
+A recipe may build on another: a top-level `base: ../teacher/qwen3-32b.yaml` (relative to the file) loads that
+recipe first and deep-merges the file over it (mappings key by key; lists, scalars and null replace), in chains;
+errors name the file a bad key is written in (`Sources`).
+
 YAML is read strictly: the file must be UTF-8 (a leading BOM is dropped), a mapping key may appear once
 (`file:line: duplicate key 'x'`; PyYAML would silently keep the last), nesting stops at 64 levels and integers at
 100 digits, so a bad file is one line naming its line, never a traceback.
@@ -17,6 +21,7 @@ import codecs
 import copy
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -41,10 +46,10 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
+def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
     """Check `value` against annotation `tp`, converting where YAML is looser than Python (int -> float)."""
     origin = get_origin(tp)
-    fail = ConfigError(f"{source}: {where}: expected {_describe(tp)}, got {value!r}")
+    fail = ConfigError(f"{_source_of(source, where)}: {where}: expected {_describe(tp)}, got {value!r}")
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
@@ -110,17 +115,19 @@ def _coerce(value: Any, tp: Any, where: str, source: str) -> Any:
     raise fail
 
 
-def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str) -> T:
+def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: Source) -> T:
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in raw.items():
         where = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
+            # A section may know where a key it does not hold belongs (`unknown_key_hint`, e.g. moved keys).
+            moved = getattr(cls, "unknown_key_hint", lambda _: None)(str(key))
+            close = [moved] if moved else difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{source}: {where}: unknown key{hint}")
-        kwargs[key] = _coerce(value, hints[key], where, source)
+            raise ConfigError(f"{_source_of(source, where)}: {where}: unknown key{hint}")
+        kwargs[key] = _checked(fields[key], _coerce(value, hints[key], where, source), where, source)
     missing = [
         name
         for name, f in fields.items()
@@ -128,11 +135,53 @@ def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str) -> T:
     ]
     if missing:
         where = f"{prefix}.{missing[0]}" if prefix else missing[0]
-        raise ConfigError(f"{source}: {where}: required field is missing")
+        raise ConfigError(f"{_source_of(source, where)}: {where}: required field is missing")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{source}: {prefix or cls.__name__}: {err}") from None
+        at = source.latest(prefix) if isinstance(source, Sources) else source
+        raise ConfigError(f"{at}: {prefix or cls.__name__}: {err}") from None
+
+
+class FieldError(ConfigError):
+    """Raised by a field's `check` (dataclass field metadata, see `_checked`): `key` is the path below the field
+    ("" for the field itself), so the loader can name the file and the full dotted key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key, self.message = key, message
+
+
+def _checked(field: dataclasses.Field, value: Any, where: str, source: Source) -> Any:
+    """`value` passed through the field's `metadata["check"]` when it has one (e.g. a dict of a library's options
+    checked against that library's dataclass); a `FieldError` becomes one line naming file and key."""
+    check = field.metadata.get("check")
+    if check is None:
+        return value
+    try:
+        return check(value)
+    except FieldError as err:
+        at = f"{where}.{err.key}" if err.key else where
+        raise ConfigError(f"{_source_of(source, at)}: {at}: {err.message}") from None
+
+
+def check_dataclass_kwargs(cls: type, raw: dict[str, Any], what: str) -> dict[str, Any]:
+    """`raw` as keyword arguments of dataclass `cls` (a library's config, e.g. `trl.SFTConfig`): every key one of its
+    fields (else `FieldError` with the nearest name), every value coerced to the field's annotation (YAML's "1e-4"
+    string becomes a float). `what` names the class in messages."""
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    checked = {}
+    for key, value in raw.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise FieldError(str(key), f"unknown {what} field{hint}")
+        try:
+            checked[key] = _coerce(value, hints.get(key, Any), str(key), "")
+        except ConfigError:
+            raise FieldError(str(key), f"expected {_describe(hints[key])}, got {value!r}") from None
+    return checked
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -268,17 +317,118 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return raw
 
 
+# --- overlays: a recipe built on another (`base: ../teacher/qwen3-32b.yaml`) ------------------------------------
+
+BASE_KEY = "base"  # top-level key naming the recipe an overlay builds on, relative to the overlay's folder
+
+
+class Sources:
+    """Which file each dotted key came from, so an error names the file the bad key is written in (an overlay or
+    one of its bases), not only the file the user named."""
+
+    def __init__(self, default: str):
+        self.default = default  # for keys no file wrote (a missing required field): the file the user named
+        self.origins: dict[str, str] = {}
+
+    def at(self, where: str) -> str:
+        key = where
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = _parent_key(key)
+        return self.default
+
+    def latest(self, where: str) -> str:
+        """The file that last wrote `where` or anything below it: for an error about a whole section (a check across
+        its fields), the layer that changed it last is the one to look at."""
+        below = [k for k in self.origins if k == where or k.startswith((f"{where}.", f"{where}["))]
+        return self.origins[below[-1]] if below and where else self.at(where)
+
+    def record(self, where: str, value: Any, origin: str) -> None:
+        """`where` (and everything below it) now comes from `origin`; what an earlier file put below it is gone."""
+        for key in [k for k in self.origins if k == where or k.startswith((f"{where}.", f"{where}["))]:
+            del self.origins[key]
+        self.origins[where] = origin
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self.record(f"{where}.{key}", item, origin)
+
+
+Source = str | Sources
+
+
+def _source_of(source: Source, where: str) -> str:
+    return source.at(where) if isinstance(source, Sources) else source
+
+
+def _parent_key(key: str) -> str:
+    """`a.b[2]` -> `a.b` -> `a` -> ``."""
+    cut = key.rfind("[") if key.endswith("]") else key.rfind(".")
+    return key[:cut] if cut > 0 else ""
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any], sources: Sources, origin: str, prefix: str = "") -> None:
+    """Merge `overlay` into `base` in place: mappings key by key, anything else (lists, scalars, null) replaces."""
+    for key, value in overlay.items():
+        where = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value, sources, origin, where)
+            sources.origins.pop(where, None)  # re-inserted last: see Sources.latest
+            sources.origins[where] = origin
+        else:
+            base[key] = value
+            sources.record(where, value, origin)
+
+
+def _base_path(path: Path, base: Any) -> Path:
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: {BASE_KEY}: expected the path of a recipe file (relative to this one), got {base!r}")
+    base_path = Path(os.path.normpath(path.parent / base))  # named in errors: recipes/teacher/x.yaml, not a/../x.yaml
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: {BASE_KEY}: {base_path}: no such recipe file")
+    return base_path
+
+
+def read_layered(path: str | Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Sources]:
+    """A recipe file with its `base` chain resolved: the base's YAML first, deep-merged under the file's own.
+
+    Returns the merged mapping (without `base` keys) and where each key came from. A cycle is one line.
+    """
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in chain:
+        loop = " -> ".join(str(p) for p in (*chain, resolved))
+        raise ConfigError(f"{path}: {BASE_KEY}: recipes that are each other's base ({loop})")
+    raw = read_yaml(path)
+    base = raw.pop(BASE_KEY, None)
+    if base is None:
+        sources = Sources(str(path))
+        for key, value in raw.items():
+            sources.record(str(key), value, str(path))
+        return raw, sources
+    merged, sources = read_layered(_base_path(path, base), (*chain, resolved))
+    sources.default = str(path)
+    deep_merge(merged, raw, sources, str(path))
+    return merged, sources
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> T:
-    """Read `path` (YAML), apply dotted overrides, and build a checked instance of dataclass `cls`."""
-    raw = read_yaml(path) if path is not None else {}
-    source = str(path) if path is not None else "<defaults>"
+    """Read `path` (YAML; with its `base` chain when `cls` has no field of that name), apply dotted overrides, and
+    build a checked instance of dataclass `cls`."""
+    layered = BASE_KEY not in {f.name for f in dataclasses.fields(cls)}
+    if path is None:
+        raw, sources = {}, Sources("<defaults>")
+    elif layered:
+        raw, sources = read_layered(path)
+    else:
+        raw, sources = read_yaml(path), Sources(str(path))
+    overridden = f"{sources.default} (with overrides)"
     for text in overrides:
         keys, value = parse_override(text)
         # A field typed as a dataclass but null in YAML becomes an empty section when overridden into.
         _set_dotted(raw, keys, value)
-    if overrides:
-        source = f"{source} (with overrides)"
-    return _build(cls, raw, "", source)
+        sources.record(".".join(keys), value, overridden)
+    return _build(cls, raw, "", sources)
 
 
 def to_dict(obj: Any) -> Any:

@@ -33,7 +33,7 @@ from maps_train.errors import MapsTrainError
 DEMO_RECIPE = "recipes/demo/demo.yaml"
 DEMO_SUITE = "eval/suites/demo.yaml"
 # A shortened run for tests and a first look: a few questions, one round, two training steps.
-QUICK_OVERRIDES = ["traces.limit=6", "agent.max_rounds=1", "train.max_steps=2"]
+QUICK_OVERRIDES = ["traces.limit=6", "agent.max_rounds=1", "train.sft.max_steps=2"]
 QUICK_SAMPLE = 3
 
 

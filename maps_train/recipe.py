@@ -1,13 +1,23 @@
 """The recipe: one YAML file per experiment, one dataclass section per pipeline stage.
 
 Every command reads the sections it needs from the same recipe, so a teacher run, its SFT sets, the student's
-training and its serving are described in one place. Field names are the YAML keys; see `recipes/` for examples
-and `maps-train config show RECIPE` for the resolved values.
+training and its serving are described in one place. A student recipe is an overlay on its teacher's
+(`base: ../teacher/qwen3-32b.yaml`, see `maps_train.config`): it inherits the routes, retrieval and traces, so
+every student reads the one teacher run. Field names are the YAML keys; see `recipes/` for examples and
+`maps-train config show RECIPE` for the resolved (merged) values.
+
+`train.sft` and `train.lora` are the keyword arguments of TRL's `SFTConfig` and PEFT's `LoraConfig` as those
+libraries define them (over our defaults, `SFT_DEFAULTS` and `LORA_DEFAULTS`), checked against the libraries'
+own fields when the recipe loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from maps_train.tracking import WandbConfig
@@ -125,8 +135,10 @@ class TracesConfig:
 
 @dataclass
 class SFTDataConfig:
-    traces_dir: str = "runs/traces"
-    out_dir: str = "runs/sft"
+    traces_dir: str | None = None  # null: traces.out_dir (the teacher's traces, shared by every student)
+    # null: <traces_dir>/sft/<key>, the key a hash of what decides the rows (`sft_set_settings`), so students whose
+    # rows would be the same share one set. Rows are message lists, rendered by each student's template at training.
+    out_dir: str | None = None
     # adapter -> the trace roles whose calls train it
     adapter_roles: dict[str, list[str]] = field(
         default_factory=lambda: {
@@ -137,47 +149,125 @@ class SFTDataConfig:
     )
     require_correct: bool = True
     require_parsed: bool = True
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None  # token caps count with `tokenizer`: only then does the template matter
     max_completion_tokens: int | None = None
     dedupe: bool = True  # drop a role call whose (role, prompt, completion) an earlier kept sample already gave
     max_samples_per_question: int | None = 2  # kept samples (traces) per question, in sample order; null: all
     skip_bad_lines: bool = False
     enable_thinking: bool = False
-    tokenizer: str | None = None  # for token statistics; the student when null
+    tokenizer: str | None = None  # for token statistics and caps; the student when null
+    # Held out for the eval loss during training: this fraction of the kept questions (seeded shuffle), every row of
+    # a held-out question in <adapter>/eval.jsonl, so no question is in both splits (nor in another role's train).
+    eval_fraction: float = 0.0
+    eval_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+# Our defaults for `train.sft` (keyword arguments of trl.SFTConfig) and `train.lora` (of peft.LoraConfig); a recipe
+# names only the keys it changes. Where TRL's own default differs, ours is the one that fits role adapters on a
+# small student: LoRA learning rate, loss on the completion only, no gradient checkpointing unless asked.
+SFT_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-4,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0.03,  # below 1: a fraction of the training steps (transformers v5 folded warmup_ratio in)
+    "weight_decay": 0.0,
+    "num_train_epochs": 1.0,
+    "max_steps": -1,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "max_length": 2048,
+    "packing": False,
+    "completion_only_loss": True,  # loss on the role's completion only (prompt-completion rows)
+    "assistant_only_loss": False,  # prompt-completion rows: the completion mask needs no template markers
+    "bf16": False,  # GPU only (CPU trains in float32 whatever this says)
+    "gradient_checkpointing": False,
+    "logging_steps": 10,
+    "eval_strategy": "steps",  # every eval_steps (null: logging_steps) when the SFT set has eval.jsonl; else "no"
+    "save_strategy": "steps",
+    "save_steps": 500,  # LoRA checkpoints under <output_dir>/_trainer/<adapter>; a rerun resumes from the last
+    "save_total_limit": 2,
+    "seed": 0,
+    "ddp_find_unused_parameters": False,  # every LoRA weight gets a gradient each step
+}
+# Set by maps-train itself, so a recipe value would be silently replaced: refused with the reason.
+SFT_RESERVED = {
+    "output_dir": "set by maps-train to <train.output_dir>/_trainer/<adapter> (set train.output_dir)",
+    "use_cpu": "set by maps-train from the machine (CPU ranks join one gloo group)",
+}
+LORA_DEFAULTS: dict[str, Any] = {
+    "r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.05,
+    "target_modules": "all-linear",  # here: every attention and MLP projection, the modules vLLM serves LoRA on
+    "bias": "none",
+    "task_type": "CAUSAL_LM",
+}
+
+
+def check_sft_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`train.sft` checked against trl.SFTConfig's own fields (imported only when a recipe sets the section)."""
+    from trl import SFTConfig
+
+    from maps_train.config import FieldError, check_dataclass_kwargs
+
+    for key in options:
+        if key in SFT_RESERVED:
+            raise FieldError(key, SFT_RESERVED[key])
+    return check_dataclass_kwargs(SFTConfig, options, "SFTConfig")
+
+
+def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`train.lora` checked against peft.LoraConfig's fields, then built once so PEFT's own checks run now."""
+    from peft import LoraConfig
+
+    from maps_train.config import FieldError, check_dataclass_kwargs
+
+    checked = check_dataclass_kwargs(LoraConfig, options, "LoraConfig")
+    try:
+        LoraConfig(**{**LORA_DEFAULTS, **checked})
+    except (TypeError, ValueError) as err:
+        raise FieldError("", f"peft.LoraConfig refuses it: {' '.join(str(err).split())}") from None
+    return checked
 
 
 @dataclass
 class TrainConfig:
     student: str = "builtin:smollm2-135m-instruct"
-    sft_dir: str = "runs/sft"
+    sft_dir: str | None = None  # null: where `sft-data` writes (sft_data.out_dir, or its default under the traces)
     output_dir: str = "runs/adapters"
     shared_adapter: bool = False  # one adapter for all roles instead of one per role
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    target_modules: str | list[str] = "all-linear"
-    learning_rate: float = 2e-4
-    num_train_epochs: float = 1.0
-    max_steps: int = -1
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    max_length: int = 2048
-    packing: bool = False
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    logging_steps: int = 10
-    seed: int = 0
-    dtype: str = "auto"
-    sft_kwargs: dict[str, Any] = field(default_factory=dict)  # passed through to trl.SFTConfig
-    # Added for `maps_train.train` (LoRA SFT under accelerate launch):
-    lr_scheduler_type: str = "cosine"
-    warmup_steps: float = 0.03  # below 1: a fraction of the training steps (transformers v5 folded warmup_ratio in)
-    weight_decay: float = 0.0
-    completion_only_loss: bool = True  # loss on the role's completion only (prompt-completion rows)
+    dtype: str = "auto"  # the student's weights at load time; auto: bfloat16 with sft.bf16 on GPU, else float32
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU (packing runs padding-free)
     accelerate_config: str | None = None  # what `maps-train train` launches with; null: see --num-processes
     num_processes: int = 1  # `maps-train train` without accelerate_config: ranks to start (CPU: gloo)
-    save_steps: int = 500  # LoRA checkpoints under <output_dir>/_trainer/<adapter>; a rerun resumes from the last
+    # Keyword arguments of trl.SFTConfig and peft.LoraConfig, over SFT_DEFAULTS / LORA_DEFAULTS; checked against the
+    # libraries' own fields when the recipe loads.
+    sft: dict[str, Any] = field(default_factory=dict, metadata={"check": check_sft_options})
+    lora: dict[str, Any] = field(default_factory=dict, metadata={"check": check_lora_options})
+
+    def __post_init__(self) -> None:
+        self.sft = {**SFT_DEFAULTS, **self.sft}
+        self.lora = {**LORA_DEFAULTS, **self.lora}
+
+    @staticmethod
+    def unknown_key_hint(key: str) -> str | None:
+        """Where a key written directly under `train` belongs: the flat layout before `sft`/`lora` (`lora_r`,
+        `sft_kwargs`, `learning_rate`, ...) is a one-line pointer to the new key, not only "unknown"."""
+        if key in RENAMED_TRAIN_KEYS:
+            return RENAMED_TRAIN_KEYS[key]
+        from peft import LoraConfig
+        from trl import SFTConfig
+
+        for section, cls in (("sft", SFTConfig), ("lora", LoraConfig)):
+            if key in {f.name for f in fields(cls)}:
+                return f"{section}.{key}"
+        return None
+
+
+RENAMED_TRAIN_KEYS = {"lora_r": "lora.r", "sft_kwargs": "sft"}  # the rest are SFTConfig or LoraConfig fields
 
 
 @dataclass
@@ -236,6 +326,52 @@ def route_for(routes: dict[str, RoleRoute], role: str) -> RoleRoute:
         f"roles.{role}: no route for role '{role}' and no 'default' route "
         f"(routed roles: {', '.join(sorted(routes)) or 'none'})"
     )
+
+
+def sft_traces_dir(recipe: Recipe) -> Path:
+    """The traces `sft-data` reads: sft_data.traces_dir, else the recipe's (its teacher's) traces.out_dir."""
+    return Path(recipe.sft_data.traces_dir or recipe.traces.out_dir)
+
+
+# The sft_data settings that decide which rows an SFT set holds (skip_bad_lines only decides whether to stop).
+SFT_ROW_SETTINGS = ("adapter_roles", "require_correct", "require_parsed", "max_prompt_tokens", "max_completion_tokens",
+                    "dedupe", "max_samples_per_question", "enable_thinking", "eval_fraction", "eval_seed")
+
+
+def sft_set_settings(recipe: Recipe) -> dict[str, Any]:
+    """What an SFT set's rows depend on besides the traces. Rows are template-independent message lists (each
+    student's chat template renders them at training time), so the tokenizer enters only through the token caps,
+    and then as its identity (template, vocabulary), not its name: Qwen3 sizes still share one set."""
+    config = recipe.sft_data
+    settings: dict[str, Any] = {name: getattr(config, name) for name in SFT_ROW_SETTINGS}
+    if config.max_prompt_tokens is not None or config.max_completion_tokens is not None:
+        settings["tokenizer"] = tokenizer_identity(config.tokenizer or recipe.train.student)
+    return settings
+
+
+def sft_set_dir(recipe: Recipe) -> Path:
+    """Where `sft-data` writes: sft_data.out_dir, else <traces>/sft/<hash of sft_set_settings>."""
+    if recipe.sft_data.out_dir:
+        return Path(recipe.sft_data.out_dir)
+    text = json.dumps(sft_set_settings(recipe), sort_keys=True)
+    return sft_traces_dir(recipe) / "sft" / hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def train_sft_dir(recipe: Recipe) -> Path:
+    """The SFT sets `train` reads: train.sft_dir, else where `sft-data` wrote them for this recipe."""
+    return Path(recipe.train.sft_dir) if recipe.train.sft_dir else sft_set_dir(recipe)
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_identity(name: str) -> str:
+    """A short hash of what makes two tokenizers count and render alike: class, vocabulary size, chat template."""
+    from transformers import AutoTokenizer
+
+    from maps_train.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+    text = json.dumps([type(tokenizer).__name__, len(tokenizer), tokenizer.chat_template or ""], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_recipe(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

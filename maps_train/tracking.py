@@ -6,11 +6,19 @@ by the tests and the Makefile) wins over the section's `mode`; offline runs land
 and can be uploaded later with `wandb sync`. Run configs pass through `redact_secrets` first, so no API key or
 token reaches W&B. Training logs through the transformers W&B integration, which reads the same section from the
 environment (`wandb_environment`).
+
+Artifacts link what each stage made to what it read: traces -> SFT sets -> adapters -> eval results
+(`log_artifact`, `use_artifact`; names from `artifact_name`). W&B refuses `use_artifact` in offline runs, so there
+every input is also recorded (name, type, content digest) in the run config and in the metadata of each artifact
+the run logs after it: an offline run folder holds the manifests and the links, and `wandb sync` uploads both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +35,10 @@ class WandbConfig:
     mode: Literal["online", "offline", "disabled"] = "offline"
     dir: str | None = None  # the stage's output folder + /wandb when null
     tags: list[str] = field(default_factory=list)
+
+
+SKIPPED = ("wandb",)  # run folders that live inside stage outputs are never part of an artifact
+ARTIFACT_NAME_LIMIT = 128  # W&B's limit
 
 
 def effective_mode(config: WandbConfig) -> str:
@@ -54,6 +66,18 @@ class Tracker:
     def log_image(self, key: str, path: str | Path) -> None:
         pass
 
+    def use_artifact(self, name: str, type: str, path: str | Path, *, reference: bool = False,
+                     skip: tuple[str, ...] = SKIPPED) -> None:
+        """Record that this run read the artifact `name` made from `path` (its files now, as `log_artifact` adds
+        them, so the link is to the exact content read)."""
+
+    def log_artifact(self, name: str, type: str, path: str | Path, *, reference: bool = False,
+                     skip: tuple[str, ...] = SKIPPED, metadata: dict[str, Any] | None = None) -> None:
+        """Log the file or folder `path` as artifact `name` of `type` (a new version when its content changed).
+        `reference`: record each file's path and checksum without uploading it (teacher traces: large, and
+        already where every student reads them). Folders named in `skip` (run folders, SFT sets under the
+        traces) are left out."""
+
     def finish_run(self) -> None:
         pass
 
@@ -66,6 +90,14 @@ class WandbTracker(Tracker):
         self.dir = Path(config.dir) if config.dir else out_dir / "wandb"
         self.mode = effective_mode(config)
         self.run = None
+        self.inputs: list[dict[str, str]] = []  # artifacts this run read (see use_artifact)
+
+    @classmethod
+    def attach(cls, run) -> WandbTracker:
+        """A tracker over a run someone else started (the transformers integration's, in training)."""
+        tracker = cls(WandbConfig(enabled=True), run.group or "", Path(run.dir))
+        tracker.run = run
+        return tracker
 
     def start_run(self, name: str, config: dict[str, Any], job_type: str = "eval") -> None:
         import wandb
@@ -111,10 +143,77 @@ class WandbTracker(Tracker):
         if self.run is not None and Path(path).is_file():
             self.run.log({key: wandb.Image(str(path))})
 
+    def use_artifact(self, name: str, type: str, path: str | Path, *, reference: bool = False,
+                     skip: tuple[str, ...] = SKIPPED) -> None:
+        if self.run is None:
+            return
+        artifact = _local_artifact(name, type, Path(path), reference, skip)
+        self.inputs.append({"name": name, "type": type, "digest": artifact.digest})
+        if self.run.offline:  # W&B cannot look artifacts up offline: the link goes into the config instead
+            self.run.config.update({"artifact_inputs": self.inputs}, allow_val_change=True)
+        else:
+            self.run.use_artifact(artifact)  # a draft: logged (or matched by digest) and marked as used
+
+    def log_artifact(self, name: str, type: str, path: str | Path, *, reference: bool = False,
+                     skip: tuple[str, ...] = SKIPPED, metadata: dict[str, Any] | None = None) -> None:
+        if self.run is None:
+            return
+        meta = {**(metadata or {}), "source_path": str(path), "inputs": list(self.inputs)}
+        self.run.log_artifact(_local_artifact(name, type, Path(path), reference, skip, meta))
+
     def finish_run(self) -> None:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def active_tracker() -> Tracker:
+    """The W&B run already open in this process (the transformers integration's, on the main rank), as a tracker;
+    the no-op tracker when there is none. Never imports wandb itself."""
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    return WandbTracker.attach(run) if run is not None else Tracker()
+
+
+
+
+def artifact_name(kind: str, label: str | Path) -> str:
+    """`kind`-`label` in the characters W&B allows; a path label is taken relative to the working directory, so
+    the stage that writes a folder and the stages that read it name it alike (`runs/t/traces` ->
+    `traces-runs-t-traces`). Too long: the end is kept, with a hash of the whole."""
+    text = os.path.normpath(label)
+    if isinstance(label, Path) and label.is_absolute() and label.is_relative_to(Path.cwd()):
+        text = str(label.relative_to(Path.cwd()))
+    name = f"{kind}-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
+    if len(name) <= ARTIFACT_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{kind}-{digest}-{name[-(ARTIFACT_NAME_LIMIT - len(kind) - 12):].lstrip('-.')}"
+
+
+def _artifact_files(path: Path, skip: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """(name in the artifact, file) for a file, or every file under a folder outside the `skip` folders."""
+    if path.is_file():
+        return [(path.name, path)]
+    files = []
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path)
+        if file.is_file() and not any(part in skip for part in relative.parts[:-1]):
+            files.append((relative.as_posix(), file))
+    return files
+
+
+def _local_artifact(name: str, type: str, path: Path, reference: bool, skip: tuple[str, ...],
+                    metadata: dict[str, Any] | None = None):
+    import wandb
+
+    artifact = wandb.Artifact(name, type=type, metadata=metadata)
+    for entry, file in _artifact_files(path, skip):
+        if reference:
+            artifact.add_reference(file.resolve().as_uri(), name=entry)  # checksummed, not uploaded
+        else:
+            artifact.add_file(str(file), name=entry)
+    return artifact
 
 
 def make_tracker(config: WandbConfig, group: str, out_dir: str | Path) -> Tracker:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -20,19 +21,20 @@ def write(tmp_path, text):
 
 def test_yaml_and_overrides(tmp_path):
     path = write(tmp_path, "name: t\nagent:\n  num_directions: 2\nroles:\n  default:\n    max_tokens: 32\n  proposer:\n    max_tokens: 64\n")
-    recipe = load_recipe(str(path), ["agent.num_directions=4", "agent.decoupled=false", "train.learning_rate=1e-4"])
+    recipe = load_recipe(str(path), ["agent.num_directions=4", "agent.decoupled=false", "train.sft.learning_rate=1e-4"])
     assert recipe.agent.num_directions == 4
     assert recipe.agent.decoupled is False
-    assert recipe.train.learning_rate == pytest.approx(1e-4)
+    assert recipe.train.sft["learning_rate"] == pytest.approx(1e-4)
     assert recipe.roles["proposer"].max_tokens == 64
     assert recipe.route("proposer").max_tokens == 64
     assert recipe.route("writer") is recipe.roles["default"]
 
 
 def test_int_accepted_for_float_and_literal_checked(tmp_path):
-    path = write(tmp_path, "train:\n  num_train_epochs: 2\nretrieval:\n  index_type: hnsw\n")
+    path = write(tmp_path, "train:\n  sft:\n    num_train_epochs: 2\nretrieval:\n  index_type: hnsw\n")
     recipe = load_recipe(str(path))
-    assert recipe.train.num_train_epochs == 2.0 and isinstance(recipe.train.num_train_epochs, float)
+    epochs = recipe.train.sft["num_train_epochs"]  # coerced to SFTConfig's annotation, like any recipe field
+    assert epochs == 2.0 and isinstance(epochs, float)
     with pytest.raises(ConfigError, match=r"retrieval.index_type: expected one of 'flat', 'hnsw', 'ivfpq'"):
         load_recipe(str(path), ["retrieval.index_type=annoy"])
 
@@ -51,6 +53,46 @@ def test_int_accepted_for_float_and_literal_checked(tmp_path):
 def test_bad_recipes_name_file_and_field(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load_recipe(str(write(tmp_path, text)))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  sft:\n    no_such_option: 1\n",
+         r"^{path}: train.sft.no_such_option: unknown SFTConfig field$"),
+        ("train:\n  sft:\n    learning_rat: 1.0e-4\n",
+         r"^{path}: train.sft.learning_rat: unknown SFTConfig field \(did you mean 'learning_rate'\?\)$"),
+        ("train:\n  sft:\n    max_steps: many\n", r"^{path}: train.sft.max_steps: expected int, got 'many'$"),
+        ("train:\n  sft:\n    output_dir: x\n", r"^{path}: train.sft.output_dir: set by maps-train"),
+        ("train:\n  lora:\n    rank: 8\n", r"^{path}: train.lora.rank: unknown LoraConfig field"),
+        ("train:\n  lora:\n    lora_dropout: high\n", r"^{path}: train.lora.lora_dropout: expected float"),
+        ("train:\n  lora_r: 8\n", r"^{path}: train.lora_r: unknown key \(did you mean 'lora.r'\?\)$"),
+        ("train:\n  learning_rate: 1.0e-4\n",
+         r"^{path}: train.learning_rate: unknown key \(did you mean 'sft.learning_rate'\?\)$"),
+    ],
+)
+def test_library_options_are_checked_by_the_library_at_load(tmp_path, text, message):
+    """train.sft / train.lora keys are trl.SFTConfig / peft.LoraConfig fields: a bad one is one line naming it."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message.format(path=re.escape(str(path)))):
+        load_recipe(str(path))
+
+
+def test_library_options_keep_our_defaults_under_the_recipes_keys(tmp_path):
+    import dataclasses
+
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    from maps_train.recipe import LORA_DEFAULTS, SFT_DEFAULTS
+
+    assert set(SFT_DEFAULTS) <= {f.name for f in dataclasses.fields(SFTConfig)}
+    assert set(LORA_DEFAULTS) <= {f.name for f in dataclasses.fields(LoraConfig)}
+    path = write(tmp_path, "train:\n  sft:\n    learning_rate: 1e-4\n    neftune_noise_alpha: 5\n  lora:\n    r: 8\n")
+    train = load_recipe(str(path)).train
+    assert train.sft == {**SFT_DEFAULTS, "learning_rate": 1e-4, "neftune_noise_alpha": 5.0}  # "1e-4": YAML's string
+    assert train.lora == {**LORA_DEFAULTS, "r": 8}
+    assert load_recipe(None).train.sft == SFT_DEFAULTS
 
 
 def test_missing_file_and_bad_override(tmp_path):

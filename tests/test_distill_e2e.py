@@ -70,8 +70,9 @@ def write_recipe(root: Path) -> Path:
         "sft_data": {"traces_dir": str(root / "traces"), "out_dir": str(root / "sft"),
                      "adapter_roles": ADAPTER_ROLES, "enable_thinking": False},
         "train": {"student": TEACHER, "sft_dir": str(root / "sft"), "output_dir": str(root / "adapters"),
-                  "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "learning_rate": 2.0e-3, "warmup_steps": 0,
-                  "per_device_train_batch_size": 1, "max_length": 1024, "logging_steps": 1, "save_steps": 1000},
+                  "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0},
+                  "sft": {"learning_rate": 2.0e-3, "warmup_steps": 0, "per_device_train_batch_size": 1,
+                          "max_length": 1024, "logging_steps": 1, "save_steps": 1000}},
         "serve": {"port": free_port(), "startup_timeout_s": 400},
     }
     path = root / "recipe.yaml"
@@ -104,7 +105,7 @@ def pipeline(tmp_path_factory, smollm2) -> Pipeline:
     # A 135M teacher rarely answers a two-hop question right: keep wrong answers too (the filter on correctness
     # has its own tests); the parse filter stays on, so only clean JSON outputs become training rows.
     maps_train(run, "sft-data", "sft-data", str(path), "sft_data.require_correct=false")
-    maps_train(run, "train", "train", str(path), f"train.max_steps={MAX_STEPS}", "--role", "all",
+    maps_train(run, "train", "train", str(path), f"train.sft.max_steps={MAX_STEPS}", "--role", "all",
                "--num-processes", "2")
     yield run
     print(f"\ndistill e2e stage seconds: {json.dumps(run.seconds)}")

@@ -32,7 +32,7 @@ def write_recipe(folder: Path, adapters_dir: Path, **sections) -> Path:
         "name": "serve-test",
         "backend": {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True},
         "roles": {"default": {"backend": "vllm", "model": "builtin:smollm2-135m-instruct", "max_tokens": 96}},
-        "train": {"student": "builtin:tiny-qwen3", "output_dir": str(adapters_dir), "lora_r": 8},
+        "train": {"student": "builtin:tiny-qwen3", "output_dir": str(adapters_dir), "lora": {"r": 8}},
         "serve": {"port": 8123},
     }
     for key, value in sections.items():

@@ -94,3 +94,43 @@ def test_several_samples_get_distinct_seeds_and_folders(tmp_path):
     sampled = sample_recipe(recipe, 2)
     assert sampled.roles == recipe.roles  # sampling travels on the requests now (tests/test_sampling.py)
     assert (sampled.agent.sampling.temperature, sampled.agent.sampling.seed, sampled.agent.sampling.sample) == (0.8, 5, 2)
+
+
+def test_eval_fraction_holds_out_whole_questions_seeded(tmp_path):
+    """A seeded share of the kept questions goes to eval.jsonl, every row of each in every adapter: no question
+    is on both sides, for any role; the same seed gives the same split, and a set without eval drops a stale one."""
+    questions = tmp_path / "train.jsonl"
+    write_questions(questions, 20)
+    overrides = [f"traces.questions=[{questions}]", f"traces.out_dir={tmp_path / 'traces'}",
+                 "sft_data.tokenizer=null", "sft_data.require_correct=false", "agent.num_directions=2"]
+    recipe = load_recipe(None, [*overrides, "sft_data.eval_fraction=0.25", "sft_data.eval_seed=3"])
+    collect_traces(recipe, backend=ScriptedBackend({"consolidator": consolidator_sufficient_after(1)}),
+                   retriever=RecordingRetriever(), progress=False)
+    stats = build_sft_sets(recipe)
+    from maps_train.recipe import sft_set_dir
+
+    out = sft_set_dir(recipe)
+    assert out.parent == tmp_path / "traces" / "sft"  # the default: under the teacher's traces, keyed by settings
+
+    def split(adapter, name):
+        return [json.loads(line) for line in (out / adapter / f"{name}.jsonl").read_text().splitlines()]
+
+    held_out = {row["question_id"] for row in split("writer", "eval")}
+    assert stats.eval_questions == len(held_out) == 5  # 25% of 20 kept questions
+    for adapter in ("proposer", "writer", "consolidator"):
+        train_ids = {row["question_id"] for row in split(adapter, "train")}
+        eval_ids = {row["question_id"] for row in split(adapter, "eval")}
+        assert eval_ids == held_out and not train_ids & eval_ids and len(train_ids) == 15
+        assert stats.eval_examples[adapter] == len(split(adapter, "eval"))
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["eval_fraction"] == 0.25 and settings["eval_seed"] == 3
+
+    again = build_sft_sets(recipe, out_dir=str(tmp_path / "again"))
+    assert {row["question_id"] for row in map(json.loads, (tmp_path / "again" / "writer" / "eval.jsonl").open())} \
+        == held_out and again.eval_questions == 5
+    other_seed = load_recipe(None, [*overrides, "sft_data.eval_fraction=0.25", "sft_data.eval_seed=4"])
+    build_sft_sets(other_seed, out_dir=str(tmp_path / "again"))
+    assert {row["question_id"] for row in map(json.loads, (tmp_path / "again" / "writer" / "eval.jsonl").open())} \
+        != held_out
+    build_sft_sets(load_recipe(None, overrides), out_dir=str(tmp_path / "again"))
+    assert not (tmp_path / "again" / "writer" / "eval.jsonl").exists()

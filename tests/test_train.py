@@ -27,21 +27,22 @@ ROLES = ("proposer", "writer", "consolidator")
 MAX_STEPS = 6
 
 
-def write_recipe(path: Path, sft_dir: Path, out_dir: Path, **train) -> Path:
+def write_recipe(path: Path, sft_dir: Path, out_dir: Path, sft: dict | None = None, **train) -> Path:
     raw = {
         "name": "toy-distill",
         "train": {
             "student": "builtin:tiny-qwen3",
             "sft_dir": str(sft_dir),
             "output_dir": str(out_dir),
-            "lora_r": 8,
-            "lora_alpha": 16,
-            "lora_dropout": 0.0,
-            "learning_rate": 1.0e-2,
-            "max_steps": MAX_STEPS,
-            "per_device_train_batch_size": 4,
-            "logging_steps": 1,
-            "max_length": 512,
+            "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0},
+            "sft": {
+                "learning_rate": 1.0e-2,
+                "max_steps": MAX_STEPS,
+                "per_device_train_batch_size": 4,
+                "logging_steps": 1,
+                "max_length": 512,
+                **(sft or {}),
+            },
             **train,
         },
     }
@@ -120,7 +121,7 @@ def test_missing_sft_file_is_one_line(tmp_path):
 def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
     from maps_train.train import sft
 
-    path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", bf16=True)
+    path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", sft={"bf16": True})
     recipe = load_recipe(str(path), ["wandb.enabled=true", f"wandb.dir={tmp_path / 'wandb'}"])
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     precision = sft.choose_precision(recipe.train)
@@ -130,20 +131,28 @@ def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
     assert args.use_cpu is True and args.bf16 is False and args.report_to == ["wandb"]
     assert os.environ["WANDB_PROJECT"] == "maps-train" and args.run_name == "toy-distill-writer"
     assert Path(args.output_dir) == tmp_path / "out" / "_trainer" / "writer"
+    assert args.learning_rate == 1e-2 and args.lr_scheduler_type == "cosine"  # the recipe's, then our default
+    assert args.eval_strategy == "no" and args.per_device_eval_batch_size == 4  # no eval split given
+    evaluated = sft.build_sft_config(recipe, "writer", precision, has_eval=True)
+    assert evaluated.eval_strategy == "steps" and evaluated.eval_steps == 1  # every logging step unless set
+    # Any SFTConfig option goes through as written, with no code for it here.
+    noisy = load_recipe(str(path), ["train.sft.neftune_noise_alpha=5", "train.sft.eval_steps=3"])
+    noisy_args = sft.build_sft_config(noisy, "writer", precision, has_eval=True)
+    assert noisy_args.neftune_noise_alpha == 5.0 and noisy_args.eval_steps == 3
     lora = sft.build_lora_config(recipe.train)
     assert sorted(lora.target_modules) == sorted(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    assert lora.modules_to_save is None
-    assert sft.build_lora_config(load_recipe(str(path), ["train.lora_r=12"]).train).r == 12  # padded by vLLM
-    with pytest.raises(MapsTrainError, match=r"train.lora_r: 1024 exceeds the largest rank vLLM serves \(512\)"):
-        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=1024"]).train)
-    with pytest.raises(MapsTrainError, match=r"train.lora_r: 0 is not a positive integer rank"):
-        sft.build_lora_config(load_recipe(str(path), ["train.lora_r=0"]).train)
-    with pytest.raises(MapsTrainError, match=r"train.sft_kwargs.not_a_field: not a trl.SFTConfig field"):
-        sft.build_sft_config(load_recipe(str(path), ["train.sft_kwargs.not_a_field=1"]), "writer", precision)
-    with pytest.raises(MapsTrainError, match=r"train.target_modules: 'embed_tokens'"):
-        sft.build_lora_config(load_recipe(str(path), ["train.target_modules=[q_proj, embed_tokens]"]).train)
+    assert lora.modules_to_save is None and (lora.r, lora.lora_alpha, lora.lora_dropout) == (8, 16, 0.0)
+    assert sft.build_lora_config(load_recipe(str(path), ["train.lora.r=12"]).train).r == 12  # padded by vLLM
+    with pytest.raises(MapsTrainError, match=r"train.lora: vLLM could not serve .*r: 1024 exceeds the largest rank"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora.r=1024"]).train)
+    with pytest.raises(MapsTrainError, match=r"train.lora: vLLM could not serve .*r: 0 is not a positive integer rank"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora.r=0"]).train)
+    with pytest.raises(MapsTrainError, match=r"train.lora: vLLM could not serve .*target module 'embed_tokens'"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora.target_modules=[q_proj, embed_tokens]"]).train)
+    with pytest.raises(MapsTrainError, match=r"train.lora: vLLM could not serve .*use_dora is set"):
+        sft.build_lora_config(load_recipe(str(path), ["train.lora.use_dora=true"]).train)
 
 
 def test_distill_recipes_load_and_fit_vllm():
@@ -154,8 +163,9 @@ def test_distill_recipes_load_and_fit_vllm():
     for path in paths:
         recipe = load_recipe(str(path))
         assert recipe.train.student.startswith("Qwen/Qwen3-") and recipe.route("proposer").model == "Qwen/Qwen3-32B"
-        assert recipe.train.lora_r in VLLM_LORA_RANKS and recipe.backend.max_lora_rank >= recipe.train.lora_r
-        assert recipe.train.bf16 and recipe.wandb.enabled
+        rank = recipe.train.lora["r"]
+        assert rank in VLLM_LORA_RANKS and recipe.backend.max_lora_rank >= rank
+        assert recipe.train.sft["bf16"] and recipe.wandb.enabled and recipe.sft_data.eval_fraction > 0
         assert (REPO / recipe.train.accelerate_config).is_file()
     for name in ("ddp", "zero2", "zero3", "cpu2"):
         assert yaml.safe_load((REPO / "recipes" / "accelerate" / f"{name}.yaml").read_text())["distributed_type"]
@@ -164,11 +174,11 @@ def test_distill_recipes_load_and_fit_vllm():
 def test_launch_command_on_cpu_starts_ranks_with_multi_gpu_flag():
     from maps_train.train.launch import launch_command
 
-    command = launch_command("r.yaml", "writer", ["train.max_steps=3"], num_processes=2, port=29999)
+    command = launch_command("r.yaml", "writer", ["train.sft.max_steps=3"], num_processes=2, port=29999)
     assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert "--multi_gpu" in command and command[command.index("--num_processes") + 1] == "2"
     assert command[command.index("--mixed_precision") + 1] == "no"
-    assert command[-7:] == ["-m", "maps_train.train", "--config", "r.yaml", "--role", "writer", "train.max_steps=3"]
+    assert command[-7:] == ["-m", "maps_train.train", "--config", "r.yaml", "--role", "writer", "train.sft.max_steps=3"]
     zero2 = str(REPO / "recipes/accelerate/zero2.yaml")
     with_config = launch_command("r.yaml", "writer", accelerate_config=zero2, num_processes=4)
     assert with_config[with_config.index("--config_file") + 1] == zero2 and "--multi_gpu" not in with_config
@@ -232,6 +242,24 @@ def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
 
     result = CliRunner().invoke(app, ["adapters", "check", str(good), str(bad_rank)])
     assert result.exit_code == 1 and f"{good}: ok" in result.output and "r: 1024" in result.output
+
+
+# ---------------------------------------------------------------- one process, two steps: the eval loss is logged
+
+
+def test_eval_loss_is_in_the_training_summary(sft_dir, tmp_path, monkeypatch):
+    """With an eval split, TRL evaluates every eval_steps (here every logging step): the eval losses land in the
+    trainer's log history (and so in W&B through the transformers integration) and in train_summary.json."""
+    from maps_train.train.__main__ import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", sft={"max_steps": 2, "save_steps": 100})
+    assert main(["--config", str(path), "--role", "writer"]) == 0
+    summary = json.loads((tmp_path / "out" / "writer" / "train_summary.json").read_text())
+    assert summary["eval_rows"] > 0 and summary["global_step"] == 2
+    steps = [step for step, _ in summary["eval_losses"]]
+    assert steps == [1, 2] and all(math.isfinite(loss) for _, loss in summary["eval_losses"])
+    assert math.isfinite(summary["eval_loss"]) and len(summary["losses"]) == 2
 
 
 # ---------------------------------------------------------------- real training under accelerate launch

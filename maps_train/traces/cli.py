@@ -1,10 +1,31 @@
-"""`maps-train traces` (teacher runs) and `maps-train sft-data` (per-adapter SFT sets)."""
+"""`maps-train traces` (teacher runs) and `maps-train sft-data` (per-adapter SFT sets).
+
+With W&B on, each logs what it made as an artifact: the traces (by reference: checksums, not uploads) and the SFT
+sets, the second marked as made from the first (`maps_train.tracking`).
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
+
+# Never part of the traces artifact: run folders, and the SFT sets sft-data writes under the traces by default.
+TRACES_SKIPPED = ("wandb", "sft")
+
+
+def traces_artifact(tracker, recipe, traces_dir: Path, *, use: bool) -> None:
+    """Log the traces under `traces_dir` (use=False) or record that this run read them (use=True)."""
+    from maps_train.tracking import artifact_name
+
+    name = artifact_name("traces", traces_dir)
+    if use:
+        tracker.use_artifact(name, "traces", traces_dir, reference=True, skip=TRACES_SKIPPED)
+    else:
+        tracker.log_artifact(name, "traces", traces_dir, reference=True, skip=TRACES_SKIPPED,
+                             metadata={"questions": recipe.traces.questions,
+                                       "samples_per_question": recipe.traces.samples_per_question})
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +50,7 @@ def register(app: typer.Typer) -> None:
         tracker = make_tracker(loaded.wandb, loaded.name, loaded.traces.out_dir)
         tracker.start_run(f"{loaded.name}-traces", to_dict(loaded), job_type="traces")
         tracker.log_summary({f"traces/{key}": value for key, value in totals.items()})
+        traces_artifact(tracker, loaded, Path(loaded.traces.out_dir), use=False)
         tracker.finish_run()
 
     @app.command("sft-data")
@@ -39,13 +61,23 @@ def register(app: typer.Typer) -> None:
                                             help="Skip malformed trace lines instead of stopping at the first."),
     ) -> None:
         """Keep correct, fully parsed, distinct samples (at most sft_data.max_samples_per_question per question);
-        write one TRL prompt-completion set per adapter, with per-role counts of kept and rejected rows."""
-        from maps_train.recipe import load_recipe
+        write one TRL prompt-completion set per adapter (a seeded eval split with sft_data.eval_fraction), with
+        per-role counts of kept and rejected rows. Students of one teacher share the set (see sft_data.out_dir)."""
+        from maps_train.config import to_dict
+        from maps_train.recipe import load_recipe, sft_set_dir, sft_traces_dir
         from maps_train.traces.sft import build_sft_sets
+        from maps_train.tracking import artifact_name, make_tracker
 
         loaded = load_recipe(recipe, overrides or [])
         stats = build_sft_sets(loaded, skip_bad_lines=skip_bad_lines)
+        out_dir, traces_dir = sft_set_dir(loaded), sft_traces_dir(loaded)
         typer.echo(stats.table())
         for line in stats.bad_lines[:5]:
             typer.echo(f"skipped: {line}")
-        typer.echo(f"wrote {loaded.sft_data.out_dir}/<adapter>/train.jsonl and stats.json")
+        typer.echo(f"wrote {out_dir}/<adapter>/train.jsonl (and eval.jsonl), stats.json, settings.json")
+        tracker = make_tracker(loaded.wandb, loaded.name, traces_dir)
+        tracker.start_run(f"{loaded.name}-sft-data", to_dict(loaded), job_type="sft-data")
+        tracker.log_summary({f"sft/{key}": value for key, value in stats.to_dict().items() if key != "bad_lines"})
+        traces_artifact(tracker, loaded, traces_dir, use=True)
+        tracker.log_artifact(artifact_name("sft", out_dir), "sft", out_dir)
+        tracker.finish_run()

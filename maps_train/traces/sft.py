@@ -16,7 +16,12 @@ Each kept role call becomes one row of the adapter that serves that role, unless
     {"prompt": [messages exactly as the teacher saw them], "completion": [{"role": "assistant", "content": raw}],
      "chat_template_kwargs": {"enable_thinking": false}, "question_id": ..., "role": ...}
 
-`chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. The statistics
+`chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
+not rendered text: each student's chat template renders them when it trains, so every student of a teacher reads
+the same set (by default `<traces>/sft/<hash of the row settings>/`, `maps_train.recipe.sft_set_dir`; the
+tokenizer counts only when token caps are set). With `sft_data.eval_fraction` > 0, a seeded share of the kept
+questions goes to `<adapter>/eval.jsonl` instead, every row of such a question in every adapter, so no question
+is trained on and evaluated. The statistics
 (printed, and saved as `<out_dir>/stats.json`) count rejected samples by reason (`rejects`: `incorrect_answer`,
 `parse_failure`, `over_cap`, `duplicate_sample`, `bad_line`; and rows: `duplicate_row`, `prompt_too_long`,
 `completion_too_long`), and per role the rows kept and rejected by reason (`rows`: role -> reason -> count, with
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -35,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.recipe import Recipe, adapter_of_role
+from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
 TRACES_FILE = "traces.jsonl"
 STATS_FILE = "stats.json"
+SETTINGS_FILE = "settings.json"  # what the set's rows depend on (the folder name's hash is of this)
 
 
 @dataclass
@@ -48,6 +55,8 @@ class SFTStats:
     kept_traces: int = 0
     rejects: Counter = field(default_factory=Counter)  # reason -> samples (or rows, for row-level reasons)
     examples: Counter = field(default_factory=Counter)  # adapter -> rows
+    eval_examples: Counter = field(default_factory=Counter)  # adapter -> rows of those held out (eval.jsonl)
+    eval_questions: int = 0
     rows: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # role -> reason|"kept" -> rows
     prompt_tokens: Counter = field(default_factory=Counter)  # role -> tokens
     completion_tokens: Counter = field(default_factory=Counter)
@@ -59,6 +68,8 @@ class SFTStats:
             "kept_traces": self.kept_traces,
             "rejects": dict(self.rejects),
             "examples": dict(self.examples),
+            "eval_examples": dict(self.eval_examples),
+            "eval_questions": self.eval_questions,
             "rows": {role: dict(counts) for role, counts in sorted(self.rows.items())},
             "prompt_tokens": dict(self.prompt_tokens),
             "completion_tokens": dict(self.completion_tokens),
@@ -68,8 +79,9 @@ class SFTStats:
     def table(self) -> str:
         lines = [f"traces read: {self.traces}, kept: {self.kept_traces}",
                  "rejects: " + (", ".join(f"{k}={v}" for k, v in sorted(self.rejects.items())) or "none"),
-                 "| adapter | examples |", "|---|---:|"]
-        lines += [f"| {name} | {count} |" for name, count in sorted(self.examples.items())]
+                 f"held out for eval: {self.eval_questions} questions",
+                 "| adapter | examples | of them eval |", "|---|---:|---:|"]
+        lines += [f"| {name} | {count} | {self.eval_examples[name]} |" for name, count in sorted(self.examples.items())]
         reasons = sorted({reason for counts in self.rows.values() for reason in counts} - {KEPT})
         lines += ["| role | kept rows |" + "".join(f" {r} |" for r in reasons), "|---|---:|" + "---:|" * len(reasons)]
         lines += [f"| {role} | {counts[KEPT]} |" + "".join(f" {counts[r]} |" for r in reasons)
@@ -115,6 +127,7 @@ class TokenCounter:
     """Counts prompt tokens as the chat template renders them, and completion tokens as plain text."""
 
     def __init__(self, name: str | None):
+        self.name = name  # None: words, not tokens
         self.tokenizer = None
         if name:
             from transformers import AutoTokenizer
@@ -153,6 +166,7 @@ class SFTSetBuilder:
         self.counter = TokenCounter(self.config.tokenizer or recipe.train.student)
         self.stats = SFTStats()
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.row_questions: dict[str, list[tuple[str, str]]] = defaultdict(list)  # beside rows: each row's question
         self.seen: set[str] = set()  # digests of the (role, prompt, completion) rows kept so far
         self.kept_per_question: Counter = Counter()
 
@@ -216,6 +230,7 @@ class SFTSetBuilder:
             "question_id": trace.question_id,
             "role": call.role,
         })
+        self.row_questions[adapter].append(_question_key(trace))
         counts[KEPT] += 1
         self.stats.examples[adapter] += 1
         self.stats.prompt_tokens[call.role] += prompt_tokens
@@ -227,14 +242,25 @@ def _question_key(trace: TraceRecord) -> tuple[str, str]:
     return trace.question_id, trace.question
 
 
+def eval_questions(keys: set[tuple[str, str]], fraction: float, seed: int) -> set[tuple[str, str]]:
+    """The held-out questions: `fraction` of `keys` (rounded, at least one while one is left to train on), picked by
+    a seeded shuffle of the sorted keys, so the same kept questions give the same split on any machine."""
+    if fraction <= 0 or len(keys) < 2:
+        return set()
+    ordered = sorted(keys)
+    random.Random(seed).shuffle(ordered)
+    count = min(max(1, round(fraction * len(ordered))), len(ordered) - 1)
+    return set(ordered[:count])
+
+
 def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: str | None = None,
                    skip_bad_lines: bool | None = None) -> SFTStats:
     config = recipe.sft_data
     skip = config.skip_bad_lines if skip_bad_lines is None else skip_bad_lines
-    out = Path(out_dir or config.out_dir)
+    out = Path(out_dir) if out_dir else sft_set_dir(recipe)
     builder = SFTSetBuilder(recipe)
     stats = builder.stats
-    for path in trace_files(traces_dir or config.traces_dir):
+    for path in trace_files(traces_dir or sft_traces_dir(recipe)):
         for _, item in iter_traces(path):
             if isinstance(item, TraceFormatError):
                 if not skip:
@@ -244,16 +270,29 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
                 continue
             builder.add(item)
 
+    held_out = eval_questions({key for keys in builder.row_questions.values() for key in keys},
+                              config.eval_fraction, config.eval_seed)
+    stats.eval_questions = len(held_out)
     out.mkdir(parents=True, exist_ok=True)
     for adapter in config.adapter_roles:
-        _write_jsonl(out / adapter / "train.jsonl", builder.rows.get(adapter, []))
+        rows, keys = builder.rows.get(adapter, []), builder.row_questions.get(adapter, [])
+        _write_jsonl(out / adapter / "train.jsonl", [row for row, key in zip(rows, keys) if key not in held_out])
+        evaluation = [row for row, key in zip(rows, keys) if key in held_out]
+        stats.eval_examples[adapter] = len(evaluation)
+        if held_out:
+            _write_jsonl(out / adapter / "eval.jsonl", evaluation)
+        else:
+            (out / adapter / "eval.jsonl").unlink(missing_ok=True)  # a stale split would be trained against
+    settings = {**sft_set_settings(recipe), "token_counts_by": builder.counter.name}
+    _write_text(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
     _write_text(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
     return stats
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Atomically, through a temporary file of this process: two students may build the same set at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 

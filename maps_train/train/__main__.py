@@ -4,7 +4,7 @@ Usage:
 
 # One GPU node, DDP (ZeRO-2/3: recipes/accelerate/zero2.yaml, zero3.yaml); one adapter:
 accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
-    --config recipes/distill/qwen3-4b.yaml --role proposer train.learning_rate=1e-4
+    --config recipes/distill/qwen3-4b.yaml --role proposer train.sft.learning_rate=1e-4
 
 # Every adapter of the recipe, one after another in the same ranks (memory freed between adapters):
 accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
@@ -17,7 +17,8 @@ accelerate launch --config_file recipes/accelerate/cpu2.yaml --main_process_port
 # The one command for users: one `accelerate launch` per adapter (a fresh process each, finished ones skipped):
 maps-train train recipes/distill/qwen3-4b.yaml --role all --accelerate-config recipes/accelerate/ddp.yaml
 
-Reads `<train.sft_dir>/<adapter>/train.jsonl` (and `eval.jsonl` when present), writes the adapter to
+Reads `<sft>/<adapter>/train.jsonl` (and `eval.jsonl` when present: its loss is logged every `eval_steps`; `<sft>`
+is train.sft_dir, else where `maps-train sft-data` wrote the recipe's sets), writes the adapter to
 `<train.output_dir>/<adapter>/` (weights, adapter_config.json, train_summary.json; no tokenizer files) and
 trainer checkpoints to `<train.output_dir>/_trainer/<adapter>/`. A finished adapter (its train_summary.json
 exists) is skipped unless --overwrite; an interrupted one resumes from its last checkpoint.
@@ -66,7 +67,6 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     if overwrite and state.is_main_process:
         sft.clear_adapter(recipe, adapter)
     state.wait_for_everyone()
-    set_seed(recipe.train.seed)
     started = time.time()
 
     ###############
@@ -84,7 +84,8 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     # Trainer config (before the model, so ZeRO-3 can shard it as it loads)
     ###############
     precision = sft.choose_precision(recipe.train)
-    training_args = sft.build_sft_config(recipe, adapter, precision)
+    training_args = sft.build_sft_config(recipe, adapter, precision, has_eval=eval_set is not None)
+    set_seed(training_args.seed)
 
     ###############
     # Model
@@ -116,7 +117,9 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     if last_checkpoint:
         logger.info("%s: resuming from %s", adapter, last_checkpoint)
     result = trainer.train(resume_from_checkpoint=last_checkpoint)
-    eval_metrics = trainer.evaluate() if eval_set is not None else {}
+    if eval_set is not None and sft.last_logged(trainer.state, "eval_loss") is None:
+        trainer.evaluate()  # the strategy did not evaluate the final weights: do it once (logged like the rest)
+    eval_losses = sft.loss_history(trainer.state.log_history, "eval_loss")
 
     ###############
     # Save (adapter only, checked the way vLLM will load it)
@@ -136,9 +139,9 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
             ),
             "student": recipe.train.student,
             "base_model_name_or_path": base_model,
-            "lora_r": recipe.train.lora_r,
-            "lora_alpha": recipe.train.lora_alpha,
-            "packing": recipe.train.packing,
+            "lora_r": recipe.train.lora["r"],
+            "lora_alpha": recipe.train.lora["lora_alpha"],
+            "packing": training_args.packing,
             "dtype": precision.dtype,
             "bf16": precision.bf16,
             "world_size": training_args.world_size,
@@ -148,7 +151,8 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
             "train_loss": result.training_loss,
             "train_runtime": result.metrics.get("train_runtime"),
             "losses": losses,
-            "eval_loss": eval_metrics.get("eval_loss"),
+            "eval_losses": eval_losses,  # (step, loss) on the held-out split, as the curve W&B shows
+            "eval_loss": eval_losses[-1][1] if eval_losses else None,  # of the final weights
             **throughput.summary(),
             "wall_seconds": round(time.time() - started, 2),
             "device": "cuda" if torch.cuda.is_available() else "cpu",
@@ -156,6 +160,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
         # Written last: its presence marks the adapter finished (see sft.is_trained).
         (out_dir / sft.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         logger.info("%s: saved to %s (%.1f train tokens/s)", adapter, out_dir, summary["train_tokens_per_second"])
+        record_artifacts(recipe, adapter, out_dir, summary)
     state.wait_for_everyone()
 
     # Release this adapter's model before the next one (--role all runs several in these ranks).
@@ -164,6 +169,21 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return summary
+
+
+def record_artifacts(recipe, adapter: str, out_dir, summary: dict) -> None:
+    """Link the SFT set and the adapter in the W&B run the transformers integration started (main rank), then end
+    that run, so the next adapter of `--role all` gets its own run instead of logging into this one."""
+    from maps_train import tracking
+    from maps_train.recipe import train_sft_dir
+    from maps_train.train import sft
+
+    tracker = tracking.active_tracker()
+    sft_dir = train_sft_dir(recipe)
+    tracker.use_artifact(tracking.artifact_name("sft", sft_dir), "sft", sft_dir)
+    metrics = {key: summary[key] for key in ("train_loss", "eval_loss", "global_step", "student") if summary.get(key)}
+    tracker.log_artifact(sft.adapter_artifact(recipe, adapter), "adapter", out_dir, metadata=metrics)
+    tracker.finish_run()
 
 
 def main(argv: list[str] | None = None) -> int:

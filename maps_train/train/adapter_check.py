@@ -116,8 +116,20 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
     if not config_path.is_file():
         raise MapsTrainError(f"{folder}: not an adapter folder (no adapter_config.json)")
     config = _read_json_object(config_path)
-    problems: list[str] = []
+    problems = config_problems(config)
+    if not config.get("base_model_name_or_path"):
+        problems.append("base_model_name_or_path is empty (record the base model the adapter was trained on)")
+    problems += _weight_problems(folder, config, base_model)
+    tokenizer_files = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if tokenizer_files:
+        problems.append(f"tokenizer files beside the adapter ({', '.join(tokenizer_files)}): vLLM warns; remove them")
+    return problems
 
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """What in an adapter config (adapter_config.json, or a `LoraConfig.to_dict()` before training) vLLM would not
+    serve. The same rules run before training (`maps_train.train.sft.build_lora_config`) and after it."""
+    problems: list[str] = []
     if config.get("peft_type") != "LORA":
         problems.append(f"peft_type is {config.get('peft_type')!r}, vLLM serves LORA adapters only")
     if (why := rank_problem(config.get("r"))) is not None:
@@ -135,17 +147,18 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in ("gaussian", "eva", "orthogonal", "mica", "lora_ga"):
         problems.append(f"init_lora_weights={init!r} changes the base weights when loaded; vLLM cannot serve it")
-    if not config.get("base_model_name_or_path"):
-        problems.append("base_model_name_or_path is empty (record the base model the adapter was trained on)")
-
     targets = config.get("target_modules")
     if isinstance(targets, str):
         problems.append(f"target_modules is a pattern ({targets!r}); save the resolved module list")
     else:
-        for name in targets or []:
+        for name in sorted(targets or []):
             if name.split(".")[-1] not in SUPPORTED_MODULES:
                 problems.append(f"target module {name!r} is not one of {', '.join(SUPPORTED_MODULES)}")
+    return problems
 
+
+def _weight_problems(folder: Path, config: dict[str, Any], base_model: str | None) -> list[str]:
+    problems: list[str] = []
     shapes: dict[str, tuple[int, ...]] = {}
     if (folder / WEIGHTS).is_file():
         shapes = _weight_shapes(folder / WEIGHTS)
@@ -177,10 +190,6 @@ def check_adapter(path: str | Path, base_model: str | None = None) -> list[str]:
                     f"{key}: input size {shape[1]} does not match {base_model} ({module} takes {expected[module]})"
                 )
                 break
-
-    tokenizer_files = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    if tokenizer_files:
-        problems.append(f"tokenizer files beside the adapter ({', '.join(tokenizer_files)}): vLLM warns; remove them")
     return problems
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
-from maps_train.recipe import SHARED_ADAPTER
+from maps_train.recipe import SHARED_ADAPTER, train_sft_dir
 
 KEPT_COLUMNS = ("prompt", "completion", "chat_template_kwargs")
 PROMPT_ROLES = ("system", "user", "assistant")
@@ -68,25 +68,24 @@ def read_sft_rows(path: Path, default_template_kwargs: dict[str, Any]) -> list[d
     return rows
 
 
-def _split_path(sft_dir: str, adapter: str, split: str) -> Path:
-    return Path(sft_dir) / adapter / f"{split}.jsonl"
+def _split_path(sft_dir: Path, adapter: str, split: str) -> Path:
+    return sft_dir / adapter / f"{split}.jsonl"
 
 
 def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[str, Any]]:
     """All rows training `adapter` for `split`; a missing train file is an error, a missing eval file is not."""
     default_kwargs = {"enable_thinking": recipe.sft_data.enable_thinking}
     rows: list[dict[str, Any]] = []
+    sft_dir = train_sft_dir(recipe)
     for source in source_adapters(recipe, adapter):
-        path = _split_path(recipe.train.sft_dir, source, split)
+        path = _split_path(sft_dir, source, split)
         if not path.is_file():
             if split == "train":
-                raise MapsTrainError(
-                    f"{path}: no such SFT file (train.sft_dir={recipe.train.sft_dir}; build the SFT sets first)"
-                )
+                raise MapsTrainError(f"{path}: no such SFT file (run `maps-train sft-data` with this recipe first)")
             continue
         rows.extend(read_sft_rows(path, default_kwargs))
     if split == "train" and not rows:
-        raise MapsTrainError(f"{_split_path(recipe.train.sft_dir, adapter, split)}: no training rows")
+        raise MapsTrainError(f"{_split_path(sft_dir, adapter, split)}: no training rows")
     # Arrow wants one struct type per column: rows missing a key take the recipe default (never None, which a
     # template would read as "set"); with no keys at all the column goes (TRL would unpack a null).
     keys = sorted({key for row in rows for key in row["chat_template_kwargs"]})

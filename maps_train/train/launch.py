@@ -78,12 +78,13 @@ def train_all(
     """Train the recipe's adapters (or one), each in its own `accelerate launch`; returns the adapter folders."""
     from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train.data import source_adapters
-    from maps_train.train.sft import adapter_output_dir, is_trained
+    from maps_train.train.sft import adapter_output_dir, build_lora_config, is_trained
 
     recipe = load_recipe(recipe_path, overrides)
     adapters = adapter_names(recipe) if role == "all" else [role]
     for adapter in adapters:
         source_adapters(recipe, adapter)  # fail on an unknown role before any launch
+    build_lora_config(recipe.train)  # and on a LoRA vLLM could not serve
     config = accelerate_config or recipe.train.accelerate_config
     # With a config file its process count holds unless --num-processes says otherwise.
     processes = num_processes or (None if config else recipe.train.num_processes)
@@ -95,7 +96,7 @@ def train_all(
             echo(f"{adapter}: already trained in {folder} (--overwrite retrains it)")
             continue
         command = launch_command(
-            recipe_path, adapter, list(overrides), config, processes, recipe.train.bf16, overwrite
+            recipe_path, adapter, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite
         )
         echo(f"{adapter}: {' '.join(command)}")
         returncode = subprocess.call(command)

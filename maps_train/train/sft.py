@@ -1,5 +1,8 @@
 """From a recipe's `train` section to TRL/PEFT objects, and an adapter folder vLLM can serve.
 
+`train.sft` and `train.lora` are handed to `trl.SFTConfig` and `peft.LoraConfig` as they are (the recipe loader has
+already checked their keys against those classes); only what maps-train must decide is set here.
+
 Kept apart from the entry point so tests and benchmarks build exactly the configs the launcher uses.
 """
 
@@ -12,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.tracking import wandb_environment
-from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES
+from maps_train.tracking import artifact_name, wandb_environment
+from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
 TRAINER_SUBDIR = "_trainer"  # checkpoints and trainer state, kept out of the adapter folders
@@ -44,16 +47,31 @@ def distributed_state():
 
 
 def choose_precision(train) -> Precision:
-    """CPU: float32 throughout (bf16 is slow there and degrades small models); GPU: bf16 when `train.bf16`."""
+    """CPU: float32 throughout (bf16 is slow there and degrades small models); GPU: bf16 when `train.sft.bf16`."""
+    bf16 = bool(train.sft.get("bf16"))
     if on_cpu():
         return Precision(dtype="float32" if train.dtype == "auto" else train.dtype, bf16=False)
     if train.dtype != "auto":
-        return Precision(dtype=train.dtype, bf16=train.bf16)
-    return Precision(dtype="bfloat16" if train.bf16 else "float32", bf16=train.bf16)
+        return Precision(dtype=train.dtype, bf16=bf16)
+    return Precision(dtype="bfloat16" if bf16 else "float32", bf16=bf16)
 
 
 def adapter_output_dir(recipe, adapter: str) -> Path:
     return Path(recipe.train.output_dir) / adapter
+
+
+def adapter_artifact(recipe, adapter: str) -> str:
+    """The W&B artifact name of one trained adapter (`adapter-<recipe name>-<adapter>`)."""
+    return artifact_name("adapter", f"{recipe.name}-{adapter}")
+
+
+def adapter_artifacts(recipe) -> list[tuple[str, Path]]:
+    """(artifact name, folder) of every adapter the recipe trains and serves: what an eval run of the distilled
+    student links as its inputs (`tracker.use_artifact(name, "adapter", folder)`)."""
+    from maps_train.recipe import adapter_names
+
+    root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
+    return [(adapter_artifact(recipe, name), root / name) for name in adapter_names(recipe)]
 
 
 def trainer_dir(recipe, adapter: str) -> Path:
@@ -64,79 +82,53 @@ def is_trained(recipe, adapter: str) -> bool:
     return (adapter_output_dir(recipe, adapter) / SUMMARY_FILE).is_file()
 
 
-def lora_target_modules(train) -> list[str] | str:
-    """`all-linear` means every attention and MLP projection (PEFT's all-linear leaves lm_head out too)."""
-    if train.target_modules == "all-linear":
-        return list(SUPPORTED_MODULES)
-    targets = [train.target_modules] if isinstance(train.target_modules, str) else list(train.target_modules)
-    bad = [name for name in targets if name not in SUPPORTED_MODULES]
-    if bad:
-        raise MapsTrainError(
-            f"train.target_modules: {bad[0]!r} is not servable by vLLM's LoRA (use {', '.join(SUPPORTED_MODULES)})"
-        )
-    return targets
+def lora_target_modules(targets: Any) -> Any:
+    """`all-linear` means every attention and MLP projection (PEFT's all-linear leaves lm_head out too, but may take
+    other linear layers vLLM serves no LoRA on); anything else goes to PEFT as written (and is checked after)."""
+    return list(SUPPORTED_MODULES) if targets == "all-linear" else targets
 
 
 def build_lora_config(train):
+    """peft.LoraConfig from `train.lora`, refused here when vLLM could not serve the adapter it would train (the rules
+    `adapter_check` applies to saved adapters: rank, target modules, DoRA, modules_to_save, ...)."""
     from peft import LoraConfig
 
-    from maps_train.train.adapter_check import rank_problem
-
-    if (why := rank_problem(train.lora_r)) is not None:
-        raise MapsTrainError(f"train.lora_r: {why}")
-    return LoraConfig(
-        r=train.lora_r,
-        lora_alpha=train.lora_alpha,
-        lora_dropout=train.lora_dropout,
-        target_modules=lora_target_modules(train),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    options = {**train.lora, "target_modules": lora_target_modules(train.lora.get("target_modules"))}
+    try:
+        config = LoraConfig(**options)
+    except (TypeError, ValueError) as err:
+        raise MapsTrainError(f"train.lora: peft.LoraConfig refuses it: {' '.join(str(err).split())}") from None
+    problems = config_problems(config.to_dict())
+    if problems:
+        raise MapsTrainError(f"train.lora: vLLM could not serve this adapter: {'; '.join(problems)}")
+    return config
 
 
-def build_sft_config(recipe, adapter: str, precision: Precision):
-    """The `trl.SFTConfig` for one adapter; `train.sft_kwargs` overrides any field."""
+def build_sft_config(recipe, adapter: str, precision: Precision, has_eval: bool = False):
+    """trl.SFTConfig for one adapter: `train.sft` as written (our defaults under it), plus what maps-train decides:
+    where checkpoints go, the machine's precision, W&B from the recipe, no evaluation without an eval split."""
     from trl import SFTConfig
 
-    train = recipe.train
-    kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, Any] = dict(recipe.train.sft)
+    wandb_on = wandb_environment(recipe.wandb, recipe.name)
+    kwargs.setdefault("run_name", f"{recipe.name}-{adapter}")
+    kwargs.setdefault("report_to", ["wandb"] if wandb_on else "none")
+    kwargs.setdefault("per_device_eval_batch_size", kwargs.get("per_device_train_batch_size", 8))
+    if kwargs.get("gradient_checkpointing"):
+        kwargs.setdefault("gradient_checkpointing_kwargs", {"use_reentrant": False})
+    kwargs.update(
         output_dir=str(trainer_dir(recipe, adapter)),
-        run_name=f"{recipe.name}-{adapter}",
-        learning_rate=train.learning_rate,
-        num_train_epochs=train.num_train_epochs,
-        max_steps=train.max_steps,
-        per_device_train_batch_size=train.per_device_train_batch_size,
-        per_device_eval_batch_size=train.per_device_train_batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps,
-        lr_scheduler_type=train.lr_scheduler_type,
-        warmup_steps=train.warmup_steps,
-        weight_decay=train.weight_decay,
-        max_length=train.max_length,
-        packing=train.packing,
-        completion_only_loss=train.completion_only_loss,
-        assistant_only_loss=False,  # prompt-completion rows: the completion mask needs no template markers
         bf16=precision.bf16,
-        fp16=False,
         use_cpu=on_cpu(),  # see distributed_state(): joins CPU ranks into one gloo group
-        gradient_checkpointing=train.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if train.gradient_checkpointing else None,
-        logging_steps=train.logging_steps,
-        save_strategy="steps",
-        save_steps=train.save_steps,
-        save_total_limit=2,
-        save_only_model=False,
-        eval_strategy="no",
-        seed=train.seed,
-        report_to=["wandb"] if wandb_environment(recipe.wandb, recipe.name) else "none",
-        ddp_find_unused_parameters=False,  # every LoRA weight gets a gradient each step
-        dataset_num_proc=None,
-        model_init_kwargs=None,
     )
-    unknown = set(train.sft_kwargs) - set(SFTConfig.__dataclass_fields__)
-    if unknown:
-        raise MapsTrainError(f"train.sft_kwargs.{min(unknown)}: not a trl.SFTConfig field")
-    kwargs.update(train.sft_kwargs)
-    return SFTConfig(**kwargs)
+    if on_cpu():
+        kwargs["fp16"] = False
+    if not has_eval:
+        kwargs["eval_strategy"] = "no"  # the trainer refuses an eval strategy without an eval set
+    try:
+        return SFTConfig(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise MapsTrainError(f"train.sft: trl.SFTConfig refuses it: {' '.join(str(err).split())}") from None
 
 
 def load_student(recipe, precision: Precision):
@@ -193,5 +185,12 @@ def clear_adapter(recipe, adapter: str) -> None:
             shutil.rmtree(folder)
 
 
-def loss_history(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(entry["step"], float(entry["loss"])) for entry in log_history if "loss" in entry]
+def loss_history(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:
+    """(step, value) of every log entry holding `key`: "loss" for training, "eval_loss" for the held-out split."""
+    return [(entry["step"], float(entry[key])) for entry in log_history if key in entry]
+
+
+def last_logged(state, key: str) -> float | None:
+    """`key` as logged at the final step (e.g. the eval loss when the eval strategy already ran there), else None."""
+    return next((float(entry[key]) for entry in reversed(state.log_history)
+                 if entry.get("step") == state.global_step and key in entry), None)
