@@ -34,7 +34,7 @@ from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
-from maps_train.tracking import Tracker, WandbConfig, make_tracker
+from maps_train.tracking import Tracker, WandbConfig, artifact_name, make_tracker
 
 RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
 
@@ -191,6 +191,12 @@ def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: 
              "datasets": to_dict(suite.datasets)},
             job_type="eval",
         )
+        if spec.routes in ("distilled", "distilled_server"):  # link the results to the adapters they came from
+            from maps_train.train.sft import adapter_artifacts
+
+            for name, folder in adapter_artifacts(recipes[spec.name]):
+                tracker.use_artifact(name, "adapter", folder)
+        tracker.log_artifact(artifact_name("eval", f"{suite.name}-{spec.name}"), "eval", out_dir / RESULTS)
         metrics: dict[str, Any] = {}
         for dataset, cell in summary["cells"][spec.name].items():
             label = summary["labels"].get(dataset, dataset)
