@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "maps_train.serve.cli",
     "maps_train.evaluate.cli",
     "maps_train.analysis.cli",
+    "maps_train.distill.cli",
     "maps_train.demo",
 )
 

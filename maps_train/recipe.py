@@ -281,6 +281,25 @@ class ServeConfig:
 
 
 @dataclass
+class OnPolicyConfig:
+    """`maps-train distill-on-policy`: the student runs MAPS, the teacher (this recipe's roles) labels its calls."""
+
+    iterations: int = 1
+    out_dir: str = "runs/onpolicy"  # iter-<i>/{student, labels.jsonl, sft, adapters, stats.json}
+    questions: list[str] = field(default_factory=list)  # training questions; traces.questions when empty
+    limit: int | None = None  # first N questions of each file
+    # which student calls go to the teacher: "all", or "failed" (only calls whose output did not parse: the
+    # teacher's tokens go where the student is wrong)
+    label: Literal["all", "failed"] = "all"
+    # which labels train: "all" that parse (and, for the answer role, are right), or "divergent" (only where the
+    # student failed or wrote something else than the teacher)
+    keep: Literal["all", "divergent"] = "all"
+    mix_ratio: float = 1.0  # off-policy (teacher-trace) rows per on-policy row in each iteration's SFT set
+    batch_size: int = 256  # teacher calls per backend call
+    seed: int = 0
+
+
+@dataclass
 class Recipe:
     name: str = "default"
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -292,6 +311,7 @@ class Recipe:
     sft_data: SFTDataConfig = field(default_factory=SFTDataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def route(self, role: str) -> RoleRoute:
