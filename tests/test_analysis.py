@@ -70,13 +70,31 @@ def generate_momentum_process(n, betas, m0="zero", noise=0.5, dim=16, seed=0) ->
     return Trajectories([f"q{i}" for i in range(n)], points, np.full(n, steps), np.ones(n))
 
 
-def test_beta_recovered_zero_m0():
-    # Under m_0 = 0, S_1 does not depend on β_1: the fit keeps beta_init (0.5, the generator's β_1) and says so.
-    true = [0.5, 0.2, 0.7, 0.4]
+def test_beta_recovered_with_beta_1_zero():
+    # Under m_0 = 0, S_1 does not depend on β_1: the fit fixes it at 0 (m_1 = q_1 - q_0, the paper's β_1 = 0)
+    # and says so; the later β_t are recovered on that convention.
+    true = [0.0, 0.2, 0.7, 0.4]
     betas, identified = fit_betas(generate_momentum_process(300, true), MomentumOptions(m0="zero"))
     assert identified == [False, True, True, True]
-    assert betas[0] == 0.5
+    assert betas[0] == 0.0
     assert betas[1:] == pytest.approx(true[1:], abs=0.03)
+    joint, _ = fit_betas(generate_momentum_process(300, true), MomentumOptions(m0="zero", fit="joint"))
+    assert joint[0] == 0.0 and joint[1:] == pytest.approx(true[1:], abs=0.04)  # the joint fit leaves β_1 alone
+
+
+def test_beta_1_convention_is_a_rescaling_the_later_betas_absorb():
+    # Data made with β_1 = 0.5 (m_1 = 0.5 d_1): the old convention (beta_init = 0.5) recovers the generator, the
+    # paper's (β_1 = 0, m_1 = d_1) gives the β that point m_t the same way. Closed form with d_t = q_t - q_{t-1}:
+    # m_2 ∝ 0.1 d_1 + 0.8 d_2 needs b_2/(1-b_2) = 0.1/0.8, b_2 = 1/9, and then m_2 is 10/9 of the true one, so
+    # b_3 (10/9) / (1-b_3) = 0.7/0.3, b_3 = 21/31.
+    true = [0.5, 0.2, 0.7]
+    traj = generate_momentum_process(400, true, seed=4)
+    old, _ = fit_betas(traj, MomentumOptions(m0="zero", beta_init=0.5))
+    assert old == pytest.approx(true, abs=0.03)
+    paper, _ = fit_betas(traj, MomentumOptions(m0="zero"))
+    assert paper == pytest.approx([0.0, 1 / 9, 21 / 31], abs=0.03)
+    table = momentum_table(traj, MomentumOptions(m0="zero"))
+    assert "0.0000 (not identified)" in table.to_markdown() and "fixed at beta_init = 0.0" in table.to_markdown()
 
 
 def test_beta_recovered_question_m0_every_step():
@@ -213,9 +231,9 @@ def test_drift_hand_worked_and_on_musique(realdata, minilm_encoder):
     rounds = [[np.array([[0.0, 1.0]]), np.array([[-1.0, 0.0]])]]
     curves = drift_curves("hand", [q0], rounds, None, betas=0.0)
     # question drift: round 1: 1 - cos((0,1),(1,0)) = 1; round 2: 1 - cos((-1,0),(1,0)) = 2.
-    # β = 0 makes m_t = q_t - q_{t-1}: m_1 = (-1,1), m_2 = (-1,-1), orthogonal, so the turn is 1 - 0 = 1.
+    # β = 0 makes m_t = q_t - q_{t-1}: m_1 = (-1,1), m_2 = (-1,-1): cos(m_t, q_0) = -1/√2 both times, no drift.
     assert [c.question_drift for c in curves] == pytest.approx([1.0, 2.0])
-    assert [c.momentum_turn for c in curves] == pytest.approx([0.0, 1.0])
+    assert [c.drift for c in curves] == pytest.approx([0.0, 0.0])
 
     sequences = load_sequences(realdata / "musique" / "dev.jsonl")[:60]
     questions, subqueries = embed_sequences(sequences, minilm_encoder)

@@ -42,6 +42,16 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
     served = {(call["role"], call["usage"]["model"]) for call in calls}
     assert {("proposer", "proposer"), ("writer", "writer"), ("consolidator", "consolidator")} <= served
 
+    # The paper's analyses (momentum, drift, stop rounds) from the demo's own eval runs, in one command.
+    analysis = subprocess.run(
+        [sys.executable, "-m", "maps_train.cli", "analyze", "suite", str(out / "eval"), "--encoder", minilm,
+         "--corpus", "data/demo/corpus.jsonl"],
+        cwd=repo_root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert analysis.returncode == 0, analysis.stdout[-3000:] + analysis.stderr[-3000:]
+    stops = (out / "eval" / "analysis" / "stops" / "stops.md").read_text()
+    assert all(f"| {system} |" in stops for system in systems)
+
     report = (out / "REPORT.md").read_text()
     assert "Student vs teacher" in report and "without constrained decoding" in report
     assert (out / "eval" / "cover_em_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

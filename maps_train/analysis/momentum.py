@@ -7,16 +7,19 @@ and S_t is reported on a held-out split. Choices the definition leaves open are 
 
 - m_0: `zero` (default), `first-step` (q_1 - q_0) or `question` (q_0). With `zero`, m_1 = (1-β_1)(q_1-q_0)
   points the same way for every β_1 < 1, and with `first-step` m_1 = q_1 - q_0 for every β_1, so S_1 does not
-  depend on β_1: the fit keeps `beta_init` and the table marks β_1 as not identified. (Under `zero`, β_1 still
-  sets the length of m_1, which β_2 can absorb, so compare β_t across methods only under one convention.)
+  depend on β_1: the fit fixes it at `beta_init` and the table marks it "not identified". `beta_init` is 0 by
+  default, so m_1 = q_1 - q_0 and β_1 = 0, as the paper prints it. Under `zero`, β_1 still sets the LENGTH of
+  m_1, which the later β_t absorb (MuSiQue gold: β_2, β_3 = 0.52, 0.83 with β_1 = 0; 0.69, 0.87 with β_1 = 0.5),
+  so β_t are comparable only under one convention: `beta_init` is echoed in every table.
 - unequal lengths: a sequence with T steps contributes to S_t only when it has q_{t+1}, i.e. for t <= T-1;
   the table reports n (questions) per step and split.
 - which sub-query is "the" step-t query when a round has several: `first`, `mean` (mean of the round's unit
   embeddings, re-normalised) or `paths` (every path through the rounds, one q_t per round, each question's paths
   weighted to sum to 1; at most `max_paths` sampled, seeded).
 - fitting: `sequential` (β_t maximises mean S_t with β_1..β_{t-1} fixed at their fitted values; a coarse grid
-  picks the start so a non-concave S_t does not trap L-BFGS-B) or `joint` (all β maximise the mean over steps of
-  mean S_t, started from the sequential fit).
+  picks the start so a non-concave S_t does not trap L-BFGS-B) or `joint` (the identified β maximise the mean
+  over steps of mean S_t, started from the sequential fit; an unidentified β stays at `beta_init`, else the
+  joint fit would set it through the later steps' scale, against the stated convention).
 - the split is by question (seeded), before any path expansion.
 
 The table also gives held-out S_t with every β = 0 (m_t = q_t - q_{t-1}: "the last move only") as a reference.
@@ -45,7 +48,9 @@ class MomentumOptions:
     m0: M0 = "zero"
     step_query: StepQuery = "first"
     fit: Fit = "sequential"
-    beta_init: float = 0.5  # start of the fit, and the value kept for a β_t that S_t does not depend on
+    # The value of a β_t that S_t does not depend on (β_1 under m_0 = zero or first-step). 0: m_1 = q_1 - q_0, the
+    # paper's convention; 0.5 reproduces this code's earlier tables.
+    beta_init: float = 0.0
     train_fraction: float = 0.5
     seed: int = 0
     max_paths: int = 64  # step_query = paths: paths sampled per question at most
@@ -206,13 +211,21 @@ def fit_betas(
         betas.append(float(np.clip(result.x[0], 0.0, 1.0)))
         identified.append(True)
     if options.fit == "joint":
+        free = [i for i, ident in enumerate(identified) if ident]
+
+        def with_free(x: np.ndarray) -> np.ndarray:
+            full = np.array(betas, dtype=float)
+            full[free] = x
+            return full
 
         def negative_mean_over_steps(x: np.ndarray) -> float:
-            values = [s for _, s in step_scores(traj, x, options.m0) if not math.isnan(s)]
+            values = [s for _, s in step_scores(traj, with_free(x), options.m0) if not math.isnan(s)]
             return -float(np.mean(values))
 
-        result = minimize(negative_mean_over_steps, x0=betas, method="L-BFGS-B", bounds=[(0.0, 1.0)] * len(betas))
-        betas = [float(b) for b in np.clip(result.x, 0.0, 1.0)]
+        if free:
+            start = [betas[i] for i in free]
+            result = minimize(negative_mean_over_steps, x0=start, method="L-BFGS-B", bounds=[(0.0, 1.0)] * len(free))
+            betas = [float(b) for b in np.clip(with_free(result.x), 0.0, 1.0)]
     elif options.fit != "sequential":
         raise MapsTrainError(f"fit '{options.fit}': want sequential or joint")
     return betas, identified
@@ -263,12 +276,20 @@ class MomentumTable:
             "|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in self.steps:
-            beta = f"{s.beta:.3f}" + ("" if s.identified else " (not identified)")
+            beta = f"{s.beta:.4f}" + ("" if s.identified else " (not identified)")
             lines.append(
                 f"| {s.step} | {beta} | {s.n_train} | {s.n_test} | {s.s_train:.3f} | {s.s_test:.3f} "
                 f"| {s.s_test_no_momentum:.3f} |"
             )
         lines.append("")
+        if not all(s.identified for s in self.steps):
+            fixed = self.options.get("beta_init", 0.0)
+            lines.append(
+                f"A β_t marked 'not identified' does not change S_t; it is fixed at beta_init = {fixed}"
+                + (" (m_1 = q_1 - q_0, as the paper prints β_1)." if fixed == 0 else ".")
+                + " The later β_t depend on this convention."
+            )
+            lines.append("")
         lines.append("Options: " + ", ".join(f"{k}={v}" for k, v in self.options.items()))
         return "\n".join(lines) + "\n"
 
@@ -297,8 +318,8 @@ def analyze_momentum(sequences, encoder, options: MomentumOptions, extra_options
     from maps_train.analysis.embed import embed_sequences
 
     questions, rounds = embed_sequences(sequences, encoder)
-    traj = trajectories_from_rounds(
-        [s.id for s in sequences], questions, rounds, options.step_query, options.max_paths, options.seed
-    )
+    # Split by question: the same question of two data sets (or of two methods, pooled) is one key per data set.
+    keys = [f"{s.dataset}/{s.id}" if s.dataset else s.id for s in sequences]
+    traj = trajectories_from_rounds(keys, questions, rounds, options.step_query, options.max_paths, options.seed)
     extra = {"encoder": encoder.name, "query_prefix": repr(encoder.encoder.prefixes.query), **(extra_options or {})}
     return momentum_table(traj, options, extra)

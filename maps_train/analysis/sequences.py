@@ -1,12 +1,12 @@
 """Sub-query sequences: a question and its ordered rounds of sub-queries, from files or agent traces.
 
-Three sources give the same record:
+Four sources give the same record:
 - JSONL rows `{"id", "question", "subqueries": [...]}` (or `"rounds"`), where each item is one round: a string
   (one sub-query) or a list of strings (a round with several parallel sub-queries);
 - MuSiQue rows whose `metadata.question_decomposition` lists the gold sub-questions in order (one per round),
   or demo-world rows with `metadata.decomposition` (strings) and `metadata.decomposition_answers`;
-- any iterable, or callable returning one, of `(question, [[round-1 sub-queries], [round-2 ...]])` pairs, so agent
-  traces can be wired in without this module knowing their format.
+- a run's `traces.jsonl` (rows with `schema_version`), read by `trace_reader` (the searched rounds);
+- any iterable, or callable returning one, of `(question, [[round-1 sub-queries], [round-2 ...]])` pairs.
 
 MuSiQue sub-questions refer to earlier answers as `#1`, `#2` and many are relation triples (`X >> capital`);
 `references` and `relations` choose how that text is embedded (see `MUSIQUE_*` below).
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from maps_train.analysis.gold import gold_passages
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
 
@@ -37,13 +38,14 @@ class SubquerySequence:
     question: str
     rounds: list[list[str]]  # rounds[t-1] = the sub-queries of round t (one or several)
     evidence: list[str] = field(default_factory=list)  # gold passages ("title\ntext") when known
+    dataset: str = ""
 
     @property
     def num_rounds(self) -> int:
         return len(self.rounds)
 
 
-def _clean_rounds(rounds: list[list[str]]) -> list[list[str]]:
+def clean_rounds(rounds: list[list[str]]) -> list[list[str]]:
     # A round with no sub-query ends the sequence: later rounds have no defined q_t before them.
     cleaned = []
     for round_queries in rounds:
@@ -54,12 +56,6 @@ def _clean_rounds(rounds: list[list[str]]) -> list[list[str]]:
     return cleaned
 
 
-def _evidence(metadata: dict[str, Any]) -> list[str]:
-    passages = []
-    for para in metadata.get("supporting_paragraphs") or []:
-        if isinstance(para, dict) and para.get("text"):
-            passages.append(f"{para.get('title', '')}\n{para['text']}".strip())
-    return passages
 
 
 def musique_subquery(text: str, answers: list[str], references: References, relations: Relations) -> str:
@@ -120,13 +116,19 @@ def load_sequences(
         raise MapsTrainError(f"relations '{relations}': want keep or rewrite")
     path = Path(path)
     sequences = []
-    for number, row in iter_jsonl(path):
+    for index, (number, row) in enumerate(iter_jsonl(path)):
         where = f"{path}:{number}"
+        if index == 0 and "schema_version" in row:  # an agent's traces.jsonl, not sub-query rows
+            from maps_train.analysis.trace_reader import read_trace_sequences
+
+            return read_trace_sequences(path)
         if not isinstance(row.get("question"), str):
             raise MapsTrainError(f"{where}: missing field 'question'")
-        rounds = _clean_rounds(_rounds_from_row(row, where, references, relations))
-        evidence = _evidence(row.get("metadata") or {})
-        sequences.append(SubquerySequence(str(row.get("id", number)), row["question"], rounds, evidence))
+        rounds = clean_rounds(_rounds_from_row(row, where, references, relations))
+        metadata = row.get("metadata") or {}
+        evidence = gold_passages(metadata)
+        dataset = str(row.get("dataset") or metadata.get("dataset") or "")
+        sequences.append(SubquerySequence(str(row.get("id", number)), row["question"], rounds, evidence, dataset))
     return sequences
 
 
@@ -150,5 +152,5 @@ def sequences_from_pairs(
         if not isinstance(question, str) or not isinstance(rounds, list):
             raise MapsTrainError(f"trace pair {index}: question must be str and rounds a list of lists of str")
         rounds = [[r] if isinstance(r, str) else list(r) for r in rounds]
-        sequences.append(SubquerySequence(str(seq_id), question, _clean_rounds(rounds)))
+        sequences.append(SubquerySequence(str(seq_id), question, clean_rounds(rounds)))
     return sequences

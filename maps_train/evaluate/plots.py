@@ -116,7 +116,7 @@ def plot_stop_rounds(summary: dict[str, Any], path: str | Path) -> Path:
     if not systems:
         ax.text(0.5, 0.5, "no system reported rounds", ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks(rounds)
-    ax.set_xlabel("round the question stopped at")
+    ax.set_xlabel("retrieval rounds executed")
     ax.set_ylabel("share of questions (%)")
     ax.set_title("Stop rounds" + (f": {summary['suite']}" if summary["suite"] else ""))
     if systems:

@@ -52,6 +52,7 @@ def score_record(
         **metrics,
         "method": answer.method,
         "rounds": answer.rounds,
+        "retrieval_rounds": answer.retrieval_rounds,
         "stop_reason": answer.stop_reason,
         "parse_failures": answer.parse_failures,
         "cost": cost,

@@ -23,6 +23,13 @@ def _mean(values: list[float]) -> float:
     return fmean(values) if values else 0.0
 
 
+def stop_round(row: dict[str, Any]) -> int | None:
+    """The retrieval rounds a question executed (the same meaning for every method); rows scored before answer
+    records carried `retrieval_rounds` fall back to the method's own `rounds`."""
+    value = row.get("retrieval_rounds")
+    return value if value is not None else row.get("rounds")
+
+
 def _cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cell: dict[str, Any] = {"n": len(rows)}
     for key in SCORE_KEYS:
@@ -36,7 +43,8 @@ def _cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     flops = [r.get("compute_flops") for r in rows]
     cell["compute_tflops"] = None if any(f is None for f in flops) else _mean([f / 1e12 for f in flops])
-    cell["rounds"] = {str(k): v for k, v in sorted(Counter(r["rounds"] for r in rows if r.get("rounds") is not None).items())}
+    stops = [stop_round(r) for r in rows]
+    cell["rounds"] = {str(k): v for k, v in sorted(Counter(s for s in stops if s is not None).items())}
     cell["stop_reasons"] = dict(Counter(r.get("stop_reason") or "none" for r in rows).most_common())
     return cell
 
