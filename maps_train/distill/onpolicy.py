@@ -163,22 +163,15 @@ def label_calls(
 
 def sft_rows(labels: list[dict[str, Any]], enable_thinking: bool) -> list[dict[str, Any]]:
     """Kept labels as TRL conversational prompt-completion rows (the student's prompt, the teacher's completion)."""
-    rows = []
-    for label in labels:
-        if label["verdict"] != "kept":
-            continue
-        completion = label["teacher_text"]
-        if enable_thinking and label.get("teacher_reasoning"):
-            completion = f"<think>\n{label['teacher_reasoning'].strip()}\n</think>\n\n{completion}"
-        rows.append({
-            "prompt": label["messages"],
-            "completion": [{"role": "assistant", "content": completion}],
-            "chat_template_kwargs": {"enable_thinking": enable_thinking},
-            "question_id": label["question_id"],
-            "role": label["role"],
-            "source": "on-policy",
-        })
-    return rows
+    from maps_train.traces.sft import render_completion, sft_row
+
+    return [
+        {**sft_row(label["messages"], render_completion(label["teacher_text"], label.get("teacher_reasoning"),
+                                                        enable_thinking),
+                   enable_thinking, label["question_id"], label["role"]), "source": "on-policy"}
+        for label in labels
+        if label["verdict"] == "kept"
+    ]
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -221,6 +214,8 @@ def write_sft_sets(recipe: Recipe, labels: list[dict[str, Any]], out: Path, stat
     by_adapter: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in sft_rows(labels, recipe.sft_data.enable_thinking):
         by_adapter[role_to_adapter[row["role"]]].append(row)
+    from maps_train.traces.sft import write_jsonl
+
     sft_dir = out / "sft"
     for adapter in recipe.sft_data.adapter_roles:
         offpolicy = read_rows(sft_set_dir(recipe) / adapter / "train.jsonl")
@@ -230,12 +225,7 @@ def write_sft_sets(recipe: Recipe, labels: list[dict[str, Any]], out: Path, stat
         if not rows:
             raise MapsTrainError(f"{out}: no training rows for adapter '{adapter}' (no label kept and no off-policy "
                                  f"rows under {sft_set_dir(recipe) / adapter})")
-        folder = sft_dir / adapter
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / "train.jsonl.tmp"
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-        tmp.replace(folder / "train.jsonl")
+        write_jsonl(sft_dir / adapter / "train.jsonl", rows)
     return sft_dir
 
 

@@ -116,11 +116,28 @@ def is_correct(trace: TraceRecord) -> bool:
     return score_answer(trace.final_answer, trace.golden_answers, mode, trace.options)["cover_em"] >= 1.0
 
 
+def render_completion(text: str, reasoning: str | None, enable_thinking: bool) -> str:
+    """What the student learns to write: the teacher's output, with its thinking when thinking is on."""
+    if enable_thinking and reasoning:
+        return f"<think>\n{reasoning.strip()}\n</think>\n\n{text}"
+    return text
+
+
 def completion_text(call: RoleCall, enable_thinking: bool) -> str:
-    """What the student learns to write: the teacher's raw output, with its thinking when thinking is on."""
-    if enable_thinking and call.reasoning:
-        return f"<think>\n{call.reasoning.strip()}\n</think>\n\n{call.raw_text}"
-    return call.raw_text
+    return render_completion(call.raw_text, call.reasoning, enable_thinking)
+
+
+def sft_row(messages: list[dict[str, str]], completion: str, enable_thinking: bool, question_id: str,
+            role: str) -> dict[str, Any]:
+    """One TRL conversational prompt-completion row; `chat_template_kwargs` makes training render the prompt the
+    way vLLM renders it at serving time."""
+    return {
+        "prompt": messages,
+        "completion": [{"role": "assistant", "content": completion}],
+        "chat_template_kwargs": {"enable_thinking": enable_thinking},
+        "question_id": question_id,
+        "role": role,
+    }
 
 
 class TokenCounter:
@@ -223,13 +240,9 @@ class SFTSetBuilder:
             counts[too_long] += 1
             return
         adapter = self.role_to_adapter[call.role]
-        self.rows[adapter].append({
-            "prompt": call.messages,
-            "completion": [{"role": "assistant", "content": completion}],
-            "chat_template_kwargs": self.kwargs,
-            "question_id": trace.question_id,
-            "role": call.role,
-        })
+        self.rows[adapter].append(
+            sft_row(call.messages, completion, config.enable_thinking, trace.question_id, call.role)
+        )
         self.row_questions[adapter].append(_question_key(trace))
         counts[KEPT] += 1
         self.stats.examples[adapter] += 1
@@ -276,20 +289,20 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
     out.mkdir(parents=True, exist_ok=True)
     for adapter in config.adapter_roles:
         rows, keys = builder.rows.get(adapter, []), builder.row_questions.get(adapter, [])
-        _write_jsonl(out / adapter / "train.jsonl", [row for row, key in zip(rows, keys) if key not in held_out])
+        write_jsonl(out / adapter / "train.jsonl", [row for row, key in zip(rows, keys) if key not in held_out])
         evaluation = [row for row, key in zip(rows, keys) if key in held_out]
         stats.eval_examples[adapter] = len(evaluation)
         if held_out:
-            _write_jsonl(out / adapter / "eval.jsonl", evaluation)
+            write_jsonl(out / adapter / "eval.jsonl", evaluation)
         else:
             (out / adapter / "eval.jsonl").unlink(missing_ok=True)  # a stale split would be trained against
     settings = {**sft_set_settings(recipe), "token_counts_by": builder.counter.name}
-    _write_text(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    _write_text(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
+    write_text(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    write_text(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
     return stats
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     """Atomically, through a temporary file of this process: two students may build the same set at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -297,5 +310,5 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    _write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
