@@ -58,3 +58,13 @@ def lora_slots(adapters: int, cpu: bool) -> int:
     as many slots as adapters.
     """
     return max(1, adapters) + (1 if cpu else 0)
+
+
+def cpu_scheduler_kwargs(max_model_len: int) -> dict[str, object]:
+    """vLLM-CPU scheduler settings: no chunked prefill, and a token budget that fits any whole prompt.
+
+    vLLM 0.32's model runner rewinds a seeded request's generator when a prefill is split across steps
+    (`Generator.set_offset`, which only CUDA generators have): on CPU a seeded request whose prompt gets chunked
+    kills the engine ("CPU Generator does not use offset"). Rejection-sampled teacher runs send seeded requests by
+    the thousand, so on CPU prompts are never split; each waits for a step with room for all of it."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}

