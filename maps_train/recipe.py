@@ -112,7 +112,12 @@ class AgentConfig:
     use_directions: bool = True  # ablation "no directions": the writer writes N sub-queries directly
     decoupled: bool = True  # ablation "no decoupling": every role also sees the full trajectory
     answer_mode: Literal["auto", "short", "choice"] = "auto"  # auto: choice when a question has options
-    batch_size: int = 64  # questions advanced together
+    batch_size: int = 64  # questions advanced together (schedule: step)
+    # How questions advance (maps_train/agents/schedule.py): step = batches of `batch_size` in lockstep;
+    # continuous = up to `concurrency` questions each on its own, calls batched by the engine as they come;
+    # auto = continuous when every engine takes concurrent calls (vLLM, openai), else step.
+    schedule: Literal["auto", "continuous", "step"] = "auto"
+    concurrency: int | None = None  # questions in flight at once (continuous); null: batch_size
     max_passage_words: int = 120
     max_searches: int = 10  # search_o1 / parallel_search / s3
     max_turns: int = 15
@@ -243,6 +248,10 @@ class TrainConfig:
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU (packing runs padding-free)
     accelerate_config: str | None = None  # what `maps-train train` launches with; null: see --num-processes
     num_processes: int = 1  # `maps-train train` without accelerate_config: ranks to start (CPU: gloo)
+    # `--role all` in ONE `accelerate launch` (adapters one after another in the same ranks) instead of one launch
+    # per adapter: saves a launch, its imports and a model load per adapter (about 25 s each on 2 CPU cores);
+    # one launch per adapter (the default) isolates them (fresh CUDA/DeepSpeed state for each).
+    one_launch: bool = False
     # Keyword arguments of trl.SFTConfig and peft.LoraConfig, over SFT_DEFAULTS / LORA_DEFAULTS; checked against the
     # libraries' own fields when the recipe loads.
     sft: dict[str, Any] = field(default_factory=dict, metadata={"check": check_sft_options})

@@ -54,3 +54,9 @@ def smollm2() -> str:
     from maps_train.models import resolve_model
 
     return resolve_model("builtin:smollm2-135m-instruct")
+
+
+@pytest.fixture(params=["step", "continuous"])
+def schedule(request) -> str:
+    """Both ways a run advances its questions (maps_train/agents/schedule.py): method tests pass in each."""
+    return request.param

@@ -31,6 +31,7 @@ from maps_train.agents.baselines.search_o1 import (
 )
 from maps_train.agents.baselines.vanilla import VanillaRAGEngine
 from maps_train.agents.runner import run_method
+from maps_train.agents.schedule import run_all
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe
 from maps_train.records.trace import TraceRecord
@@ -66,7 +67,7 @@ def passage_texts(retriever):
 
 def test_vanilla_one_retrieval_and_one_generate_call_for_a_batch():
     engine, backend, retriever = make(VanillaRAGEngine, {"generator": lambda r, t: f"Dijon ({r.question_id})"})
-    traces = engine.run_batch(questions(4))
+    traces = run_all(engine, questions(4), "step")
     assert len(retriever.calls) == 1 and retriever.calls[0] == ([q.question for q in questions(4)], 3)
     assert len(backend.batches) == 1 and [r.role for r in backend.batches[0]] == ["generator"] * 4
     texts = passage_texts(retriever)
@@ -77,9 +78,9 @@ def test_vanilla_one_retrieval_and_one_generate_call_for_a_batch():
         assert trace.cost.retrievals == 1 and trace.cost.by_role["generator"].calls == 1
 
 
-def test_vanilla_multiple_choice_answers_a_letter():
+def test_vanilla_multiple_choice_answers_a_letter(schedule):
     engine, backend, _ = make(VanillaRAGEngine, {"generator": lambda r, t: "(B) Dijon"})
-    (trace,) = engine.run_batch(questions(1, options=["Paris", "Dijon", "Lyon", "Nice"]))
+    (trace,) = run_all(engine, questions(1, options=["Paris", "Dijon", "Lyon", "Nice"]), schedule)
     assert trace.final_answer == "B"
     assert "B. Dijon" in user_text(backend.batches[0][0]) and "letter" in user_text(backend.batches[0][0])
 
@@ -102,10 +103,10 @@ def o1_condenser(request, turn):
     return f"Reading them.\n**Final Information**\n\nCONDENSED {request.question_id} #{turn}: Eiffel was born in Dijon."
 
 
-def test_search_o1_splices_the_condensed_result_and_the_history_grows():
+def test_search_o1_splices_the_condensed_result_and_the_history_grows(schedule):
     scripts = {"reasoner": o1_reasoner(["Gustave Eiffel birthplace", "Dijon region"]), "condenser": o1_condenser}
     engine, backend, retriever = make(SearchO1Engine, scripts)
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     reasoner = backend.requests("reasoner")
     assert len(reasoner) == 3 and trace.stop_reason == "answered" and trace.final_answer == "Dijon"
     assert not reasoner[0].continue_final_message and reasoner[0].stop == [END_QUERY]
@@ -129,13 +130,13 @@ def test_search_o1_splices_the_condensed_result_and_the_history_grows():
     ]
 
 
-def test_search_o1_refuses_a_repeated_query_without_searching():
+def test_search_o1_refuses_a_repeated_query_without_searching(schedule):
     scripts = {
         "reasoner": o1_reasoner(["Gustave Eiffel birthplace", "Gustave Eiffel birthplace"]),
         "condenser": o1_condenser,
     }
     engine, backend, retriever = make(SearchO1Engine, scripts)
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert len(retriever.calls) == 1 and len(backend.requests("condenser")) == 1
     third = assistant_text(backend.requests("reasoner")[2])
     assert third.count(f"{BEGIN_RESULT}{REPEAT_REFUSAL}{END_RESULT}") == 1
@@ -143,17 +144,17 @@ def test_search_o1_refuses_a_repeated_query_without_searching():
     assert trace.cost.retrievals == 1
 
 
-def test_search_o1_search_limit_and_turn_limit():
+def test_search_o1_search_limit_and_turn_limit(schedule):
     scripts = {"reasoner": o1_reasoner([f"query number {i}" for i in range(20)]), "condenser": o1_condenser}
     engine, backend, retriever = make(SearchO1Engine, scripts, ["agent.max_searches=2", "agent.max_turns=4"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert trace.stop_reason == "max_turns" and trace.num_rounds == 4
     assert [r.extra["action"] for r in trace.rounds] == ["search", "search", "limit_refused", "limit_refused"]
     assert len(retriever.calls) == 2 and LIMIT_REFUSAL in assistant_text(backend.requests("reasoner")[3])
     assert trace.final_answer == ""  # no \boxed{} was ever written: scored as no answer, as the original does
 
 
-def test_search_o1_batches_each_role_and_retrieval_once_per_turn():
+def test_search_o1_batches_each_role_and_retrieval_once_per_turn(schedule):
     # q0 answers at once, q1 searches once, q2 searches twice: the calls shrink as questions finish.
     plans = {"q0": [], "q1": ["Eiffel engineer q1"], "q2": ["Eiffel engineer q2", "Dijon region"]}
     scripts = {
@@ -161,7 +162,7 @@ def test_search_o1_batches_each_role_and_retrieval_once_per_turn():
         "condenser": o1_condenser,
     }
     engine, backend, retriever = make(SearchO1Engine, scripts)
-    traces = engine.run_batch(questions(3))
+    traces = run_all(engine, questions(3), schedule)
     assert backend.batch_roles() == [["reasoner"], ["condenser"], ["reasoner"], ["condenser"], ["reasoner"]]
     assert [len(b) for b in backend.batches] == [3, 2, 2, 1, 1]
     assert [len(queries) for queries, _ in retriever.calls] == [2, 1]
@@ -209,10 +210,10 @@ def parallel_reasoner(searches_by_turn):
     return script
 
 
-def test_parallel_search_sends_all_sub_queries_of_a_step_in_one_retrieval_call():
+def test_parallel_search_sends_all_sub_queries_of_a_step_in_one_retrieval_call(schedule):
     scripts = {"reasoner": parallel_reasoner([["Gustave Eiffel birthplace", "Eiffel Tower engineer", "Dijon"]])}
     engine, backend, retriever = make(ParallelSearchEngine, scripts)
-    traces = engine.run_batch(questions(2))
+    traces = run_all(engine, questions(2), schedule)
     assert len(retriever.calls) == 1
     sent, k = retriever.calls[0]
     assert k == 3 and sent == [
@@ -232,12 +233,12 @@ def test_parallel_search_sends_all_sub_queries_of_a_step_in_one_retrieval_call()
         assert all(texts[h] in block for r in first.retrieved for h in r.passage_ids)
 
 
-def test_parallel_search_limit_and_invalid_action():
+def test_parallel_search_limit_and_invalid_action(schedule):
     def script(request, turn):
         return "I am thinking without tags." if turn == 0 else f"<search> fact {turn} ## other fact {turn} "
 
     engine, backend, retriever = make(ParallelSearchEngine, {"reasoner": script}, ["agent.max_searches=3"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     # 3 steps may search (one was invalid), then one last step whose search is not run.
     assert [r.extra["action"] for r in trace.rounds] == ["invalid", "search", "search", "search"]
     assert trace.stop_reason == "max_searches" and len(retriever.calls) == 2 and trace.final_answer == ""
@@ -259,9 +260,9 @@ def s3_searcher(request, turn):
     return "<important_info>[2, 9]</important_info>\n<search_complete>True</search_complete>"
 
 
-def test_s3_generator_sees_only_the_kept_documents():
+def test_s3_generator_sees_only_the_kept_documents(schedule):
     engine, backend, retriever = make(S3Engine, {"searcher": s3_searcher, "generator": lambda r, t: "Dijon"})
-    traces = engine.run_batch(questions(2))
+    traces = run_all(engine, questions(2), schedule)
     assert backend.batch_roles() == [["searcher"], ["searcher"], ["generator"]]
     assert len(retriever.calls) == 2  # the initial top-K of every question, then the step's queries, one call each
     texts = passage_texts(retriever)
@@ -282,14 +283,14 @@ def test_s3_generator_sees_only_the_kept_documents():
     )
 
 
-def test_s3_a_block_never_marked_passes_whole_and_the_search_budget_holds():
+def test_s3_a_block_never_marked_passes_whole_and_the_search_budget_holds(schedule):
     def searcher(request, turn):
         return f'<search_complete>False</search_complete>\n<query>{{"query": "fact {turn}"}}'
 
     engine, backend, retriever = make(
         S3Engine, {"searcher": searcher, "generator": lambda r, t: "x"}, ["agent.max_searches=2", "agent.top_k=2"]
     )
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert trace.stop_reason == "max_searches" and len(backend.requests("searcher")) == 3
     assert len(retriever.calls) == 3  # initial + 2 searches; the last step's query is not run
     every = list(dict.fromkeys(pid for r in trace.rounds for pid in r.evidence_ids))

@@ -164,8 +164,9 @@ class Run:
 
 
 @pytest.fixture
-def world(tmp_path, realdata, tiny_qwen3, minilm):
-    """16 HotpotQA questions with their paragraphs as corpus, a recipe on the tiny Qwen3, the index built once."""
+def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
+    """16 HotpotQA questions with their paragraphs as corpus, a recipe on the tiny Qwen3, the index built once;
+    questions advance by `schedule` (step: chunks of 2; continuous: 4 at a time, each written when it ends)."""
     from worlds import write_paragraph_world
 
     root = tmp_path / "world"
@@ -188,7 +189,8 @@ def world(tmp_path, realdata, tiny_qwen3, minilm):
         "backend": {"dtype": "float32", "max_model_len": 4096, "hf_batch_size": 64},
         "roles": {"default": {"backend": "hf", "model": tiny_qwen3, "max_tokens": 16}},
         # batch_size 2: eight chunks, so answers are appended in several bursts a kill can fall between.
-        "agent": {"num_directions": 2, "max_rounds": 2, "top_k": 3, "batch_size": 2, "max_passage_words": 60},
+        "agent": {"num_directions": 2, "max_rounds": 2, "top_k": 3, "batch_size": 2, "max_passage_words": 60,
+                  "schedule": schedule, "concurrency": 4},
     }
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     # One torch thread: on the shared 2-core machine two ran the tiny model about 4x slower.

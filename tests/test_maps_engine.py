@@ -10,6 +10,7 @@ import pytest
 from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after, user_text
 
 from maps_train.agents.maps import MapsEngine
+from maps_train.agents.schedule import run_all
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe
@@ -41,9 +42,9 @@ def prompts_of_round(backend, qid, round_index, n):
     return [user_text(r) for r in [proposer, *writers, consolidator]]
 
 
-def test_decoupled_prompts_never_hold_earlier_sub_queries():
+def test_decoupled_prompts_never_hold_earlier_sub_queries(schedule):
     engine, backend, _ = make_engine()
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert trace.num_rounds == 4 and trace.stop_reason == "max_rounds"
     for round_ in trace.rounds[1:]:
         earlier = all_sub_queries_before(trace, round_.index)
@@ -64,9 +65,9 @@ def user_text_of(call):
     return "\n".join(m["content"] for m in call.messages)
 
 
-def test_no_decoupling_ablation_shows_the_trajectory():
+def test_no_decoupling_ablation_shows_the_trajectory(schedule):
     engine, backend, retriever = make_engine(["agent.decoupled=false"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     first = trace.rounds[0]
     for text in prompts_of_round(backend, "q0", 2, 3):
         assert all(q in text for q in first.sub_queries)
@@ -81,7 +82,7 @@ def test_one_batched_call_per_role_per_step_across_questions():
     engine, backend, retriever = make_engine(["agent.max_rounds=2"])
     steps = []
     engine.on_step = steps.append  # what the runner's progress bar shows
-    traces = engine.run_batch(questions(4))
+    traces = run_all(engine, questions(4), "step")
     one_round = ["proposer x4", "writer x12", "search x12", "consolidator x4"]
     assert steps == one_round * 2 + ["answer x4"]
     # 2 steps x (proposer, writer, consolidator) + 1 answer call: every call holds one role only.
@@ -107,9 +108,9 @@ def test_one_batched_call_per_role_per_step_across_questions():
     assert engine.generate_calls == 7 and engine.search_calls == 2
 
 
-def test_writer_prompt_holds_its_direction_and_the_schemas_are_sent():
+def test_writer_prompt_holds_its_direction_and_the_schemas_are_sent(schedule):
     engine, backend, _ = make_engine(["agent.max_rounds=1"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     directions = trace.rounds[0].directions
     writer_texts = [user_text(r) for r in backend.requests("writer")]
     assert [d in t for d, t in zip(directions, writer_texts)] == [True] * 3
@@ -123,31 +124,38 @@ def test_writer_prompt_holds_its_direction_and_the_schemas_are_sent():
     assert all(r.question_id == "q0" for r in backend.requests())
 
 
-def test_stops_when_sufficient_or_at_the_round_limit():
+def test_stops_when_sufficient_or_at_the_round_limit(schedule):
     scripts = {"consolidator": consolidator_sufficient_after({"q0": 1, "q1": 3})}
     engine, backend, retriever = make_engine(["agent.max_rounds=4"], scripts=scripts)
-    traces = engine.run_batch(questions(3))
+    traces = run_all(engine, questions(3), schedule)
     assert [t.num_rounds for t in traces] == [1, 3, 4]
     assert [t.stop_reason for t in traces] == ["sufficient", "sufficient", "max_rounds"]
     assert [r.sufficient for r in traces[1].rounds] == [False, False, True]
-    # Stopped questions leave the batch: proposer calls shrink 3, 2, 2, 1; the answers are one call of 3.
-    assert [len(b) for b in backend.batches if b[0].role == "proposer"] == [3, 2, 2, 1]
-    assert [len(b) for b in backend.batches if b[0].role == "answer"] == [3]
-    assert [len(q) for q, _ in retriever.calls] == [9, 6, 6, 3]
     assert [t.final_answer for t in traces] == ["answer of q0", "answer of q1", "answer of q2"]
+    assert [len(backend.requests("proposer", f"q{i}")) for i in range(3)] == [1, 3, 4]
+    assert sum(len(q) for q, _ in retriever.calls) == 3 * (1 + 3 + 4)
+    if schedule == "step":
+        # Stopped questions leave the batch: proposer calls shrink 3, 2, 2, 1; the answers are one call of 3.
+        assert [len(b) for b in backend.batches if b[0].role == "proposer"] == [3, 2, 2, 1]
+        assert [len(b) for b in backend.batches if b[0].role == "answer"] == [3]
+        assert [len(q) for q, _ in retriever.calls] == [9, 6, 6, 3]
+    else:
+        # Each question goes on alone: q0 is answered while q2 is still searching (its later rounds follow).
+        order = [(r.role, r.question_id) for batch in backend.batches for r in batch]
+        assert order.index(("answer", "q0")) < max(i for i, call in enumerate(order) if call == ("proposer", "q2"))
 
 
-def test_max_rounds_one_and_single_direction():
+def test_max_rounds_one_and_single_direction(schedule):
     engine, backend, retriever = make_engine(["agent.max_rounds=1", "agent.num_directions=1"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert trace.num_rounds == 1 and trace.stop_reason == "max_rounds"
     assert len(trace.rounds[0].sub_queries) == 1 and len(retriever.calls[0][0]) == 1
     assert [len(b) for b in backend.batches] == [1, 1, 1, 1]
 
 
-def test_no_directions_ablation_writes_n_queries_in_one_call():
+def test_no_directions_ablation_writes_n_queries_in_one_call(schedule):
     engine, backend, retriever = make_engine(["agent.use_directions=false", "agent.max_rounds=2"])
-    traces = engine.run_batch(questions(2))
+    traces = run_all(engine, questions(2), schedule)
     assert not backend.requests("proposer")
     assert backend.batch_roles() == [["writer"], ["consolidator"]] * 2 + [["answer"]]
     assert [len(b) for b in backend.batches] == [2, 2, 2, 2, 2]
@@ -157,9 +165,9 @@ def test_no_directions_ablation_writes_n_queries_in_one_call():
     assert "Write exactly 3 search queries" in user_text(backend.requests("writer")[0])
 
 
-def test_evidence_is_merged_and_deduplicated_by_passage_id():
+def test_evidence_is_merged_and_deduplicated_by_passage_id(schedule):
     engine, _, _ = make_engine(["agent.max_rounds=1", "agent.top_k=3"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     round_ = trace.rounds[0]
     retrieved = [pid for r in round_.retrieved for pid in r.passage_ids]
     # All three sub-queries share words ("lookup", "of", "q0"...), so their hits overlap.
@@ -170,7 +178,7 @@ def test_evidence_is_merged_and_deduplicated_by_passage_id():
     assert consolidator_text.count("[1] ") == 1 and f"[{len(round_.evidence_ids) + 1}] " not in consolidator_text
 
 
-def test_malformed_outputs_take_the_fallbacks_and_are_counted():
+def test_malformed_outputs_take_the_fallbacks_and_are_counted(schedule):
     scripts = {
         "proposer": lambda request, turn: "I think we should search for stuff",
         "writer": lambda request, turn: "",
@@ -178,7 +186,7 @@ def test_malformed_outputs_take_the_fallbacks_and_are_counted():
         "answer": lambda request, turn: "  Paris, probably.  ",
     }
     engine, _, retriever = make_engine(["agent.max_rounds=2"], scripts=scripts)
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     question = "Where was the engineer of tower 0 born?"
     for round_ in trace.rounds:
         assert round_.directions == [question]  # proposer fallback: the question itself
@@ -193,11 +201,11 @@ def test_malformed_outputs_take_the_fallbacks_and_are_counted():
     assert retriever.calls[0][0] == [question]
 
 
-def test_consolidator_prose_becomes_the_observation_and_empty_output_uses_the_evidence():
+def test_consolidator_prose_becomes_the_observation_and_empty_output_uses_the_evidence(schedule):
     outputs = iter(["The tower was designed by Gustave Eiffel.", ""])
     scripts = {"consolidator": lambda request, turn: next(outputs)}
     engine, _, _ = make_engine(["agent.max_rounds=2"], scripts=scripts)
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert trace.rounds[0].observation == "The tower was designed by Gustave Eiffel."
     # Nothing usable: the first sentences of the top merged passages.
     assert trace.rounds[1].observation.startswith(f"{trace_first_title(trace, engine)}: ")
@@ -208,11 +216,11 @@ def trace_first_title(trace, engine):
     return {p.id: p.title for p in engine.retriever.passages}[first_id]
 
 
-def test_multiple_choice_answers_with_a_letter():
+def test_multiple_choice_answers_with_a_letter(schedule):
     question = Question(id="g1", question="Which is a noble gas?", options=["Iron", "Neon", "Salt", "Water"])
     scripts = {"answer": lambda request, turn: "The answer is (B)."}
     engine, backend, _ = make_engine(["agent.max_rounds=1"], scripts=scripts)
-    (trace,) = engine.run_batch([question])
+    (trace,) = run_all(engine, [question], schedule)
     request = backend.requests("answer")[0]
     assert request.json_schema["properties"]["answer"]["enum"] == ["A", "B", "C", "D"]
     assert "B. Neon" in user_text(request) and "A, B, C, D" in user_text(request)
@@ -220,15 +228,15 @@ def test_multiple_choice_answers_with_a_letter():
     assert trace.final_answer == "B" and trace.parse_failures == {"answer": 1}
 
 
-def test_choice_mode_without_options_is_a_clear_error():
+def test_choice_mode_without_options_is_a_clear_error(schedule):
     engine, _, _ = make_engine(["agent.answer_mode=choice"])
     with pytest.raises(MapsTrainError, match="agent.answer_mode=choice: question 'q0' has no options"):
-        engine.run_batch(questions(1))
+        run_all(engine, questions(1), schedule)
 
 
-def test_trace_records_every_call_verbatim_and_round_trips():
+def test_trace_records_every_call_verbatim_and_round_trips(schedule):
     engine, backend, _ = make_engine(["agent.max_rounds=2"])
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     sent = [r.messages for r in backend.requests()]
     assert [c.messages for c in trace.all_calls()] == sent
     call = trace.rounds[0].calls[0]
@@ -241,10 +249,10 @@ def test_trace_records_every_call_verbatim_and_round_trips():
     assert TraceRecord.from_dict(data) == trace
 
 
-def test_identical_sub_queries_are_searched_once_but_kept_per_direction():
+def test_identical_sub_queries_are_searched_once_but_kept_per_direction(schedule):
     scripts = {"writer": lambda request, turn: '{"query": "Eiffel Tower"}'}
     engine, _, retriever = make_engine(["agent.max_rounds=1"], scripts=scripts)
-    trace, _ = engine.run_batch(questions(2))
+    trace, _ = run_all(engine, questions(2), schedule)
     assert retriever.calls[0][0] == ["Eiffel Tower"]
     assert trace.rounds[0].sub_queries == ["Eiffel Tower"] * 3 and trace.cost.retrievals == 3
 
@@ -254,12 +262,12 @@ def test_bad_agent_settings_are_reported():
         make_engine(["agent.num_directions=0"])
 
 
-def test_retriever_hits_are_capped_at_top_k():
+def test_retriever_hits_are_capped_at_top_k(schedule):
     class GenerousRetriever(RecordingRetriever):
         def search(self, queries, k):
             self.calls.append((list(queries), k))
             return [[Hit(f"x{i}", "T", "text", 1.0) for i in range(k + 5)] for _ in queries]
 
     engine, _, _ = make_engine(["agent.max_rounds=1"], retriever=GenerousRetriever())
-    (trace,) = engine.run_batch(questions(1))
+    (trace,) = run_all(engine, questions(1), schedule)
     assert all(len(r.passage_ids) == 2 for r in trace.rounds[0].retrieved)

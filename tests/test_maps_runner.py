@@ -29,17 +29,22 @@ def read_lines(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run(out, n, *overrides, backend=None):
+def run(out, n, *overrides, backend=None, schedule="step"):
     backend = backend or ScriptedBackend({"consolidator": consolidator_sufficient_after(2)})
     records = run_method(
-        recipe(*overrides), questions(n), out, backend=backend, retriever=RecordingRetriever(), progress=False
+        recipe(f"agent.schedule={schedule}", *overrides), questions(n), out, backend=backend,
+        retriever=RecordingRetriever(), progress=False,
     )
     return records, backend
 
 
-def test_writes_answers_and_traces(tmp_path):
-    records, _ = run(tmp_path, 3)
-    answers = read_lines(tmp_path / "answers.jsonl")
+def by_id(rows):
+    return sorted(rows, key=lambda row: row["question_id"])
+
+
+def test_writes_answers_and_traces(tmp_path, schedule):
+    records, _ = run(tmp_path, 3, schedule=schedule)
+    answers = by_id(read_lines(tmp_path / "answers.jsonl"))  # continuous: in the order questions finished
     assert answers == [r.to_dict() for r in records]
     first = answers[0]
     assert first["question_id"] == "q0" and first["answer"] == "answer of q0" and first["method"] == "maps"
@@ -49,20 +54,21 @@ def test_writes_answers_and_traces(tmp_path):
     assert set(cost["by_role"]) == {"proposer", "writer", "consolidator", "answer"}
     assert cost["prompt_tokens"] == sum(r["prompt_tokens"] for r in cost["by_role"].values()) > 0
     assert cost["latency_s"] > 0
-    traces = [t for _, t in iter_traces(tmp_path / "traces.jsonl")]
+    traces = sorted((t for _, t in iter_traces(tmp_path / "traces.jsonl")), key=lambda t: t.question_id)
     assert [t.question_id for t in traces] == ["q0", "q1", "q2"]
     assert traces[0].golden_answers == ["a0"] and traces[0].config_digest == first["config_digest"]
     assert traces[0].cost.to_dict() == cost
 
 
-def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_path):
-    run(tmp_path, 3)
+def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_path, schedule):
+    run(tmp_path, 3, schedule=schedule)
     answers_path = tmp_path / "answers.jsonl"
     text = answers_path.read_text()
+    torn = read_lines(answers_path)[-1]["question_id"]  # continuous: whichever question finished last
     answers_path.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:25])
-    records, backend = run(tmp_path, 5)
+    records, backend = run(tmp_path, 5, schedule=schedule)
     # Only the torn question and the two new ones were run again.
-    assert sorted({r.question_id for r in backend.requests("answer")}) == ["q2", "q3", "q4"]
+    assert sorted({r.question_id for r in backend.requests("answer")}) == sorted([torn, "q3", "q4"])
     assert [r.question_id for r in records] == ["q0", "q1", "q2", "q3", "q4"]
     answers = read_lines(answers_path)
     assert sorted(a["question_id"] for a in answers) == ["q0", "q1", "q2", "q3", "q4"]
@@ -70,28 +76,29 @@ def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_pat
     assert sorted(trace_ids) == ["q0", "q1", "q2", "q3", "q4"]
 
 
-def test_a_trace_without_its_answer_line_is_replaced_not_duplicated(tmp_path):
-    run(tmp_path, 2)
+def test_a_trace_without_its_answer_line_is_replaced_not_duplicated(tmp_path, schedule):
+    run(tmp_path, 2, schedule=schedule)
     answers_path = tmp_path / "answers.jsonl"
-    answers_path.write_text(answers_path.read_text().splitlines(keepends=True)[0])  # killed after q1's trace
-    records, backend = run(tmp_path, 2)
-    assert [r.question_id for r in backend.requests("answer")] == ["q1"]
-    assert [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")] == ["q0", "q1"]
+    first, second = (row["question_id"] for row in read_lines(answers_path))
+    answers_path.write_text(answers_path.read_text().splitlines(keepends=True)[0])  # killed after `second`'s trace
+    records, backend = run(tmp_path, 2, schedule=schedule)
+    assert [r.question_id for r in backend.requests("answer")] == [second]
+    assert [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")] == [first, second]
     assert len(records) == 2
 
 
-def test_a_complete_last_line_without_newline_is_kept(tmp_path):
-    run(tmp_path, 2)
+def test_a_complete_last_line_without_newline_is_kept(tmp_path, schedule):
+    run(tmp_path, 2, schedule=schedule)
     answers_path = tmp_path / "answers.jsonl"
     answers_path.write_text(answers_path.read_text().rstrip("\n"))
-    _, backend = run(tmp_path, 3)
+    _, backend = run(tmp_path, 3, schedule=schedule)
     assert [r.question_id for r in backend.requests("answer")] == ["q2"]
     assert len(read_lines(answers_path)) == 3
 
 
-def test_everything_done_runs_nothing(tmp_path):
-    run(tmp_path, 2)
-    records, backend = run(tmp_path, 2)
+def test_everything_done_runs_nothing(tmp_path, schedule):
+    run(tmp_path, 2, schedule=schedule)
+    records, backend = run(tmp_path, 2, schedule=schedule)
     assert backend.batches == [] and len(records) == 2
 
 
@@ -169,3 +176,37 @@ def test_without_a_backend_or_retriever_the_recipe_builds_them_and_the_router_is
     monkeypatch.setattr(retrieval_package, "build_retriever", lambda cfg: retriever, raising=False)
     run_method(recipe(), questions(1), tmp_path, progress=False)
     assert backend.closed and backend.batches and retriever.calls
+
+
+def test_continuous_writes_each_question_the_moment_it_finishes(tmp_path):
+    """q0 is sufficient after round 1, q1 after round 3: q0's answer and trace are on disk before q1's last
+    consolidator call is even sent (a kill then would lose only q1)."""
+    seen_on_disk = {}
+
+    class Watching(ScriptedBackend):
+        def generate(self, requests):
+            for request in requests:
+                if request.role == "consolidator" and request.question_id == "q1":
+                    answers = tmp_path / "answers.jsonl"
+                    ids = [row["question_id"] for row in read_lines(answers)] if answers.exists() else []
+                    seen_on_disk[len(self.requests("consolidator", "q1"))] = ids
+            return super().generate(requests)
+
+    backend = Watching({"consolidator": consolidator_sufficient_after({"q0": 1, "q1": 3})})
+    run(tmp_path, 2, "agent.max_rounds=3", backend=backend, schedule="continuous")
+    assert seen_on_disk[2] == ["q0"]  # q1's third round: q0 already written
+    assert [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")] == ["q0", "q1"]
+
+
+def test_auto_schedule_is_continuous_only_where_every_engine_takes_concurrent_calls():
+    from maps_train.agents.schedule import resolve_schedule
+    from maps_train.llm.router import Router
+    from maps_train.recipe import RoleRoute
+
+    assert resolve_schedule("auto", ScriptedBackend()) == "step"
+    assert resolve_schedule("continuous", ScriptedBackend()) == "continuous"
+    vllm = {"default": RoleRoute(backend="vllm", model="m"), "answer": RoleRoute(backend="openai", model="m")}
+    assert resolve_schedule("auto", Router(vllm)) == "continuous"
+    assert resolve_schedule("auto", Router({**vllm, "writer": RoleRoute(backend="hf", model="m")})) == "step"
+    assert resolve_schedule("auto", Router({"default": RoleRoute(backend="vllm", model="m")},
+                                           backends={"vllm": ScriptedBackend()})) == "step"

@@ -90,7 +90,8 @@ class RolePlan:
 def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
     """A short hash of everything that changes a method's outputs (not batch sizes, URLs or concurrency)."""
     agent = to_dict(recipe.agent)
-    agent.pop("batch_size", None)
+    for key in ("batch_size", "schedule", "concurrency"):  # how questions are scheduled, not what they say
+        agent.pop(key, None)
     agent.pop("prompts_dir", None)  # the prompt texts themselves are hashed instead
     if recipe.agent.sampling == SamplingConfig():
         agent.pop("sampling", None)  # unset: the digest stays what it was before the section existed (resumes)

@@ -1,7 +1,9 @@
 """`run_method`: a recipe's method over a list of questions, into `answers.jsonl` and `traces.jsonl`, resumable.
 
-Questions go through the engine in chunks of `agent.batch_size`. Each finished question appends its trace, then
-its answer record (both flushed); the answer file is the record of what is done. On a rerun, questions already
+Questions go through the engine by `agent.schedule` (see `maps_train.agents.schedule`): each on its own
+(continuous: written the moment it finishes) or in chunks of `agent.batch_size` (step: written when the chunk is
+done). Each finished question appends its trace, then its answer record (both flushed); the answer file is the
+record of what is done. On a rerun, questions already
 in `answers.jsonl` are skipped, a torn last line is cut off, and traces without an answer line (a kill between
 the two appends) are dropped before the question is run again, so neither file ever holds a question twice.
 """
@@ -12,17 +14,16 @@ from pathlib import Path
 
 from maps_train.agents.engine import Engine
 from maps_train.agents.registry import engine_class
+from maps_train.agents.schedule import advance
 from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.records.answer import AnswerRecord
+from maps_train.records.shards import ANSWERS_FILE, TRACES_FILE
 from maps_train.records.store import KeyedJsonl
 from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Retriever
-
-ANSWERS_FILE = "answers.jsonl"
-TRACES_FILE = "traces.jsonl"
 
 
 def answer_record(trace: TraceRecord) -> AnswerRecord:
@@ -99,19 +100,23 @@ def run_method(
         unit="q",
         disable=not progress,
     )
-    if engine is not None and progress:
-        engine.on_step = lambda step: bar.set_postfix_str(f"step {engine.generate_calls + engine.search_calls}: {step}")
-    batch_size = max(1, recipe.agent.batch_size)
+
+    def finished(trace: TraceRecord) -> None:
+        traces.append(trace.to_dict())
+        record = answer_record(trace)
+        answers.append(record.to_dict())
+        done[trace.question_id] = record
+        bar.update(1)
+
     try:
         with answers, traces:
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start : start + batch_size]
-                for trace in engine.run_batch(chunk):
-                    traces.append(trace.to_dict())
-                    record = answer_record(trace)
-                    answers.append(record.to_dict())
-                    done[trace.question_id] = record
-                bar.update(len(chunk))
+            if engine is not None:
+                on_step = None
+                if progress:
+                    on_step = lambda step: bar.set_postfix_str(  # noqa: E731
+                        f"step {engine.generate_calls + engine.search_calls}: {step}"
+                    )
+                advance(engine, todo, finished, on_step=on_step)
     finally:
         bar.close()
         if built_backend and engine is not None and hasattr(engine.backend, "close"):
