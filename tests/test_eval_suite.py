@@ -260,6 +260,53 @@ def test_cli_report_and_one_line_errors(suite_file, tmp_path):
     assert missing.stderr.strip().count("\n") == 0 and "nowhere/results.jsonl: no results" in missing.stderr
 
 
+def test_suite_shards_merge_into_the_whole_suite(suite_file, tmp_path):
+    """Two `--shard` runs of the suite, merged: the same results and report rows as one unsharded run."""
+    from maps_train.records.shards import Shard, merge_shards
+
+    whole = run_suite(suite_file, ["wandb.enabled=false", f"out_dir={tmp_path / 'whole'}"],
+                      runner=FixedAnswerRunner(), progress=False)
+    runner = FixedAnswerRunner()
+    for index in (1, 2):
+        part = run_suite(suite_file, ["wandb.enabled=false"], runner=runner, progress=False, shard=Shard(index, 2))
+        assert part.out_dir == tmp_path / "out" / "shards" / f"{index}-of-2"
+    given = [(method, qid) for method, _, ids, _ in runner.calls for qid in ids]
+    assert len(given) == len(set(given)) == whole.scored  # no question of a system ran in both shards
+    merge_shards(tmp_path / "out")
+    summary, _ = build_report(tmp_path / "out")
+    key = lambda row: (row["system"], row["dataset"], row["question_id"])  # noqa: E731
+    assert sorted(map(key, read_results(tmp_path / "out" / "results.jsonl"))) == sorted(
+        map(key, read_results(whole.out_dir / "results.jsonl")))
+    assert summary == whole.summary
+
+
+def test_parallel_runs_overlap_and_score_the_same_as_one_after_another(suite_file, tmp_path):
+    import threading
+    import time
+
+    whole = run_suite(suite_file, ["wandb.enabled=false", f"out_dir={tmp_path / 'one'}"],
+                      runner=FixedAnswerRunner(), progress=False)
+    inner, lock, running, peak = FixedAnswerRunner(), threading.Lock(), [0], [0]
+
+    def overlapping(recipe, questions, out_dir, progress=True):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)  # long enough for the other runs to start
+        try:
+            return inner(recipe, questions, out_dir, progress)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    parallel = run_suite(suite_file, ["wandb.enabled=false", "parallel_runs=6", f"out_dir={tmp_path / 'six'}"],
+                         runner=overlapping, progress=False)
+    assert peak[0] == 6 and parallel.scored == whole.scored  # 2 systems x 3 data sets, all in flight
+    key = lambda row: (row["system"], row["dataset"], row["question_id"], row["cover_em"])  # noqa: E731
+    assert sorted(map(key, read_results(parallel.results_path))) == sorted(map(key, read_results(whole.results_path)))
+    assert parallel.summary == whole.summary
+
+
 def test_suite_config_errors_are_one_line(tmp_path, suite_file):
     with pytest.raises(ConfigError, match=r"systems\[0\].recipe: recipe 'gone.yaml' not found"):
         run_suite(suite_file, ["systems=[{name: a, recipe: gone.yaml}]"], runner=refusing_runner, progress=False)

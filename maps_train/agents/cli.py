@@ -16,16 +16,33 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(..., "--out", help="Output folder: answers.jsonl and traces.jsonl (resumed)."),
         limit: int = typer.Option(None, "--limit", help="Only the first N questions."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        shard: str = typer.Option(None, "--shard", help="I/N: only shard I of N of the questions, written under "
+                                  "OUT/shards/I-of-N (then `maps-train merge-shards OUT`)."),
     ) -> None:
         """Answer questions with the recipe's method; rerun the same command to resume."""
         from maps_train.agents.runner import run_method
         from maps_train.questions import load_questions
         from maps_train.recipe import load_recipe
+        from maps_train.records.shards import Shard
 
         config = load_recipe(recipe, overrides or [])
         items = load_questions(questions, limit=limit)
+        part = Shard.parse(shard)
+        if part is not None:
+            items, out = part.select(items), str(part.out_dir(out))
         records = run_method(config, items, out, progress=progress)
         summarize(records, out)
+
+    @app.command("merge-shards")
+    def merge_shards_command(
+        out: str = typer.Argument(..., help="The run's folder: OUT/shards/I-of-N/ are merged into OUT."),
+    ) -> None:
+        """Merge the shards of a run (`--shard I/N` of traces, run or eval) into its own folder; finished questions
+        only, each once (merging again adds nothing). Then `sft-data` or `maps-train report OUT` as usual."""
+        from maps_train.records.shards import merge_shards
+
+        for line in merge_shards(out).lines():
+            typer.echo(line)
 
 
 def summarize(records: list[AnswerRecord], out: str) -> None:

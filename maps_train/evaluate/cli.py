@@ -14,12 +14,16 @@ def register(app: typer.Typer) -> None:
         dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Run only this data set (repeatable)."),
         sample: int = typer.Option(None, "--sample", "-n", help="Questions per data set (replaces every `sample`)."),
         progress: bool = typer.Option(True, help="Progress bars."),
+        shard: str = typer.Option(None, "--shard", help="I/N: only shard I of N of every sample, written under "
+                                  "OUT_DIR/shards/I-of-N (then `maps-train merge-shards OUT_DIR`)."),
     ) -> None:
         """Run (or resume) the systems x data sets matrix of a suite, then write its tables and plots."""
         from maps_train.evaluate.suite import run_suite
+        from maps_train.records.shards import Shard
 
         outcome = run_suite(
-            suite, overrides or [], systems=system or None, datasets=dataset or None, sample_size=sample, progress=progress
+            suite, overrides or [], systems=system or None, datasets=dataset or None, sample_size=sample,
+            progress=progress, shard=Shard.parse(shard),
         )
         typer.echo(outcome.files.markdown.read_text(encoding="utf-8"))
         typer.echo(f"{outcome.scored} new results; report in {outcome.out_dir}")

@@ -15,9 +15,8 @@ from maps_train.evaluate.cost import compute_flops
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
 from maps_train.records.metrics import score_answer
+from maps_train.records.shards import RESULT_KEY
 from maps_train.records.store import KeyedJsonl
-
-RESULT_KEY = ("system", "dataset", "question_id")
 
 
 def results_file(path: str | Path) -> KeyedJsonl:

@@ -34,6 +34,7 @@ from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
+from maps_train.records.shards import Shard
 from maps_train.tracking import Tracker, WandbConfig, artifact_name, make_tracker
 
 RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
@@ -75,6 +76,10 @@ class SuiteConfig:
     # Answer normalisation for Cover-EM/EM/F1: FlashRAG's `normalize_answer` (the paper's protocol), or "unicode"
     # (also Unicode punctuation and NFC; see maps_train/records/metrics.py).
     normalizer: Literal["flashrag", "unicode"] = "flashrag"
+    # (system, data set) runs in flight at once. Above 1, runs overlap on the shared engines (an in-process vLLM
+    # engine or a `vllm serve` fleet batch every run's calls together), so small runs no longer leave the engine
+    # idle; each run is scored the moment it is done. 1: one run after another.
+    parallel_runs: int = 1
 
 
 @dataclass
@@ -232,12 +237,15 @@ def run_suite(
     datasets: Sequence[str] | None = None,
     sample_size: int | None = None,
     progress: bool = True,
+    shard: Shard | None = None,
 ) -> SuiteOutcome:
     """Run (or resume) a suite and rebuild its report; returns the summary and the report files.
 
     `runner` defaults to `maps_train.agents.runner.run_method`; `systems`/`datasets` restrict the matrix;
     `sample_size` replaces every data set's `sample` (a smoke run: with the same seed it is a prefix of the full
-    sample, so its results count towards the full run).
+    sample, so its results count towards the full run). `shard`: only its questions of every sample, the whole
+    suite written under `<out_dir>/shards/I-of-N/` (`maps-train merge-shards OUT_DIR`, then `maps-train report
+    OUT_DIR`).
     """
 
     suite_path = Path(suite_path)
@@ -250,7 +258,7 @@ def run_suite(
     recipes = {spec.name: load_system_recipe(spec, i, suite_path) for i, spec in enumerate(suite.systems) if spec in system_specs}
     questions = load_suite_questions(suite, dataset_specs, suite_path)
 
-    out_dir = Path(suite.out_dir)
+    out_dir = Path(suite.out_dir) if shard is None else shard.out_dir(suite.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SUITE_MANIFEST).write_text(dump_yaml(redact_secrets(suite)), encoding="utf-8")
     samples_path = out_dir / "samples.json"
@@ -259,6 +267,8 @@ def run_suite(
         record = chosen[0].metadata["sample"] if chosen else {"seed": None, "n": 0, "population": 0}
         samples[name] = {**record, "question_ids": [q.id for q in chosen]}
     samples_path.write_text(json.dumps(samples, indent=1), encoding="utf-8")
+    if shard is not None:  # samples.json keeps the whole sample: every shard's copy is the same
+        questions = {name: shard.select(chosen) for name, chosen in questions.items()}
 
     pool = None
     if runner is None:
@@ -284,20 +294,32 @@ def run_suite(
 
 
 def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress) -> tuple[int, int]:
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from tqdm.auto import tqdm
 
     results = results_file(out_dir / RESULTS)
     done = set(results.load())
-    pairs = [(s, d) for s in system_specs for d in dataset_specs]
-    scored = unanswered = 0
-    for system, spec in tqdm(pairs, desc=f"suite {suite.name}", unit="run", disable=not progress):
+    runs = []  # (system, data set, questions still to score)
+    for system, spec in ((s, d) for s in system_specs for d in dataset_specs):
         pending = [q for q in questions[spec.name] if (system.name, spec.name, q.id) not in done]
-        if not pending:
-            continue
+        if pending:
+            runs.append((system, spec, pending))
+    if suite.parallel_runs < 1:
+        raise ConfigError(f"parallel_runs: must be at least 1, got {suite.parallel_runs}")
+    parallel = min(suite.parallel_runs, max(1, len(runs)))
+    totals = {"scored": 0, "unanswered": 0}
+    bar = tqdm(total=len(runs), desc=f"suite {suite.name}", unit="run", disable=not progress)
+
+    def answer(system, spec, pending):
         run_dir = out_dir / "runs" / system.name / spec.name
-        where = f"{run_dir}/answers.jsonl"
+        return runner(recipes[system.name], pending, run_dir, progress=progress and parallel == 1)
+
+    def score(system, spec, pending, records) -> None:
+        """Scored rows of one finished run, appended (on this thread only)."""
+        where = f"{out_dir / 'runs' / system.name / spec.name}/answers.jsonl"
         answers = {}
-        for record in runner(recipes[system.name], pending, run_dir, progress=progress):
+        for record in records:
             record = AnswerRecord.from_dict(record, where)
             answers[record.question_id] = record
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
@@ -307,14 +329,29 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
             if q.id in answers
         ]
         with results:
-            scored += results.extend(rows)
+            totals["scored"] += results.extend(rows)
         missing = len(pending) - len(rows)
         if missing:
-            unanswered += missing
+            totals["unanswered"] += missing
             print(f"maps-train eval: {system.name}/{spec.name}: {missing} questions got no answer; rerun to retry",
                   file=sys.stderr)
+        bar.update(1)
 
-    return scored, unanswered
+    try:
+        if parallel == 1:
+            for run in runs:
+                score(*run, answer(*run))
+        else:
+            pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="suite-run")
+            futures = {pool.submit(answer, *run): run for run in runs}
+            try:
+                for future in as_completed(futures):
+                    score(*futures[future], future.result())
+            finally:  # a failed run stops the rest not yet started; finished runs' answers stay on disk
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
+    return totals["scored"], totals["unanswered"]
 
 
 __all__ = [

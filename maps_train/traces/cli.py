@@ -33,24 +33,30 @@ def register(app: typer.Typer) -> None:
     def traces(
         recipe: str = typer.Argument(..., help="Recipe: teacher routes (roles), retrieval, traces.*"),
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. traces.limit=100"),
+        shard: str = typer.Option(None, "--shard", help="I/N: only shard I of N of the questions, written under "
+                                  "<traces.out_dir>/shards/I-of-N (then `maps-train merge-shards`)."),
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable); with
         traces.samples_per_question > 1, k seeded samples per question at traces.sample_temperature."""
         from maps_train.config import to_dict
         from maps_train.recipe import load_recipe
+        from maps_train.records.shards import Shard
         from maps_train.traces.collect import collect_traces
         from maps_train.tracking import make_tracker
 
         loaded = load_recipe(recipe, overrides or [])
-        totals = collect_traces(loaded)
+        part = Shard.parse(shard)
+        totals = collect_traces(loaded, shard=part)
         runs = totals.pop("runs")
         for run in runs:
             typer.echo(f"{run['questions']} questions -> {run['out_dir']}")
         typer.echo("teacher cost: " + json.dumps(totals))
-        tracker = make_tracker(loaded.wandb, loaded.name, loaded.traces.out_dir)
-        tracker.start_run(f"{loaded.name}-traces", to_dict(loaded), job_type="traces")
+        out_dir = part.out_dir(loaded.traces.out_dir) if part else Path(loaded.traces.out_dir)
+        tracker = make_tracker(loaded.wandb, loaded.name, out_dir)
+        tracker.start_run(f"{loaded.name}-traces" + (f"-shard-{part.folder}" if part else ""), to_dict(loaded),
+                          job_type="traces")
         tracker.log_summary({f"traces/{key}": value for key, value in totals.items()})
-        traces_artifact(tracker, loaded, Path(loaded.traces.out_dir), use=False)
+        traces_artifact(tracker, loaded, out_dir, use=False)
         tracker.finish_run()
 
     @app.command("sft-data")

@@ -23,6 +23,7 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.questions import load_questions
 from maps_train.recipe import Recipe
+from maps_train.records.shards import Shard
 
 
 def sample_recipe(recipe: Recipe, sample: int) -> Recipe:
@@ -58,8 +59,13 @@ def run_dirs(recipe: Recipe) -> list[tuple[Path, Path, int]]:
     ]
 
 
-def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bool = True) -> dict[str, Any]:
-    """Run the teacher over every questions file and sample; returns totals for the cost log."""
+def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bool = True,
+                   shard: Shard | None = None) -> dict[str, Any]:
+    """Run the teacher over every questions file and sample; returns totals for the cost log. With `shard`, only
+    its questions, written under `<traces.out_dir>/shards/I-of-N/` (`maps-train merge-shards` joins them)."""
+    if shard is not None:
+        traces = dataclasses.replace(recipe.traces, out_dir=str(shard.out_dir(recipe.traces.out_dir)))
+        recipe = dataclasses.replace(recipe, traces=traces)
     from maps_train.agents.runner import run_method
 
     totals: dict[str, Any] = {"questions": 0, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -76,6 +82,8 @@ def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bo
     try:
         for path, out_dir, sample in run_dirs(recipe):
             questions = load_questions(path, limit=recipe.traces.limit)
+            if shard is not None:
+                questions = shard.select(questions)
             records = run_method(sample_recipe(recipe, sample), questions, out_dir,
                                  backend=router, retriever=retriever, progress=progress)
             for record in records:

@@ -42,6 +42,7 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
+from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
 TRACES_FILE = "traces.jsonl"
@@ -98,7 +99,8 @@ def trace_files(traces_dir: str | Path) -> list[Path]:
     root = Path(traces_dir)
     if root.is_file():
         return [root]
-    files = sorted(root.rglob(TRACES_FILE), key=_natural_key)
+    # Shard folders (`--shard`) are read once merged into the run's own folders, not twice.
+    files = sorted((p for p in root.rglob(TRACES_FILE) if not in_shard_folder(p, root)), key=_natural_key)
     if not files:
         raise MapsTrainError(f"{root}: no {TRACES_FILE} found (run `maps-train traces RECIPE` first)")
     return files
