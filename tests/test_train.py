@@ -187,6 +187,37 @@ def test_launch_command_on_cpu_starts_ranks_with_multi_gpu_flag():
         launch_command("r.yaml", "writer", accelerate_config="nope.yaml")
 
 
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_train_all_launches_per_adapter_or_once_and_skips_finished_ones(sft_dir, tmp_path, monkeypatch, one_launch):
+    """What `maps-train train --role all` hands to the launcher: one launch per unfinished adapter, or (with
+    train.one_launch) one `--role all` launch for all of them; finished adapters are never relaunched. The launcher
+    is a recording double here; the real one-launch `--role all` training is `per_role_adapters` below."""
+    from maps_train.train import launch
+    from maps_train.train.sft import SUMMARY_FILE
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", sft_dir, tmp_path / "adapters", one_launch=one_launch)
+    (tmp_path / "adapters" / "proposer").mkdir(parents=True)
+    (tmp_path / "adapters" / "proposer" / SUMMARY_FILE).write_text("{}")  # already trained
+    commands = []
+
+    def recording_launcher(command):
+        commands.append(command)
+        role = command[command.index("--role") + 1]
+        for adapter in (["writer", "consolidator"] if role == "all" else [role]):
+            (tmp_path / "adapters" / adapter).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "adapters" / adapter / SUMMARY_FILE).write_text("{}")
+        return 0
+
+    monkeypatch.setattr(launch.subprocess, "call", recording_launcher)
+    folders = launch.train_all(str(recipe), echo=lambda line: None)
+    assert [f.name for f in folders] == ["proposer", "writer", "consolidator"]
+    roles = [command[command.index("--role") + 1] for command in commands]
+    assert roles == (["all"] if one_launch else ["writer", "consolidator"])
+    commands.clear()
+    launch.train_all(str(recipe), echo=lambda line: None)
+    assert commands == []  # everything finished: nothing launched
+
+
 # ---------------------------------------------------------------- adapter checks on constructed adapters
 
 

@@ -3,6 +3,8 @@
 Why one launch per adapter (and not `--role all` inside one launch): each adapter starts from a fresh process, so
 the previous model, optimizer and CUDA/DeepSpeed state are gone for certain; a crash in one adapter leaves the
 finished ones on disk, and a rerun skips them (an adapter is finished when its train_summary.json exists).
+`train.one_launch: true` trades that isolation for time where launches dominate (small models on CPU: the demo):
+every adapter still to train goes through one launch (`--role all`), which skips the finished ones the same way.
 """
 
 from __future__ import annotations
@@ -88,20 +90,25 @@ def train_all(
     config = accelerate_config or recipe.train.accelerate_config
     # With a config file its process count holds unless --num-processes says otherwise.
     processes = num_processes or (None if config else recipe.train.num_processes)
-    folders = []
-    for adapter in adapters:
-        folder = adapter_output_dir(recipe, adapter)
-        folders.append(folder)
+    folders = [adapter_output_dir(recipe, adapter) for adapter in adapters]
+    todo = []
+    for adapter, folder in zip(adapters, folders):
         if is_trained(recipe, adapter) and not overwrite:
             echo(f"{adapter}: already trained in {folder} (--overwrite retrains it)")
-            continue
+        else:
+            todo.append(adapter)
+    launches = [("all", todo)] if recipe.train.one_launch and role == "all" and len(todo) > 1 else [
+        (adapter, [adapter]) for adapter in todo
+    ]
+    for name, covered in launches:
         command = launch_command(
-            recipe_path, adapter, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite
+            recipe_path, name, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite
         )
-        echo(f"{adapter}: {' '.join(command)}")
+        echo(f"{'+'.join(covered)}: {' '.join(command)}")
         returncode = subprocess.call(command)
         if returncode != 0:
-            raise MapsTrainError(f"{adapter}: accelerate launch exited with {returncode} (command above)")
-        if not is_trained(recipe, adapter):
-            raise MapsTrainError(f"{folder}: the launch ended without a trained adapter")
+            raise MapsTrainError(f"{name}: accelerate launch exited with {returncode} (command above)")
+        for adapter in covered:
+            if not is_trained(recipe, adapter):
+                raise MapsTrainError(f"{adapter_output_dir(recipe, adapter)}: the launch ended without a trained adapter")
     return folders
