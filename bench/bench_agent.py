@@ -1,19 +1,19 @@
-"""MAPS engine throughput: a batch of questions advanced together (one backend call per role per step, one search
-per step) vs the same questions one at a time, on the same backend and retriever.
+"""MAPS engine throughput on the same questions, backend and retriever: one question at a time, step-synchronous
+batches (one backend call per role per step), and continuous (every question on its own, calls batched by the
+engine as they come: `agent.schedule`), plus the backend's raw throughput on exactly the role calls the continuous
+run made, replayed in one continuously batched `generate` with no parsing or retrieval, so the engine's efficiency
+is a ratio.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_agent.py [--backend hf|vllm] [--questions 64] [--rounds 3]
+    .venv/bin/python bench/bench_agent.py --backend vllm --questions 64 [--modes one,step,continuous,raw]
 
-Backends: `hf` = the tiny Qwen3 through transformers (random weights: it never says "sufficient", so every question
-runs `--rounds` rounds in both modes and the work is the same); `vllm` = SmolLM2-135M-Instruct on the vLLM engine
-with the role JSON schemas (constrained decoding), as the demo's teacher: a real model may stop early, so the two
-modes can do different work: compare the role calls and tokens printed beside the times. Retrieval: MiniLM + a
-flat FAISS index over the paragraphs of the first HotpotQA dev questions (../shared/realdata). Prints figures and
-the ratio; nothing is asserted.
+Backends: `vllm` = SmolLM2-135M-Instruct on the vLLM engine with the role JSON schemas (constrained decoding), as
+the demo's teacher; `hf` = the tiny Qwen3 through transformers (random weights; continuous then coalesces calls,
+since HF has no continuous batching). A real model may stop at different rounds when batch shapes change its float
+sums, so the modes can do slightly different work: compare the role calls and tokens printed beside the times.
+Retrieval: MiniLM + a flat FAISS index over the paragraphs of the first HotpotQA dev questions (../shared/realdata).
+Prints figures, ratios and the machine's load; nothing is asserted.
 
-Measured on this project's 2-core CPU machine (quiet, one run): `--backend vllm --questions 16 --rounds 2
---directions 2 --max-tokens 64 --top-k 3 --passage-words 60`: batched 56.2 s (7 generate calls, 2 searches) vs one
-at a time 169.0 s (91 generate calls, 25 searches) = 3.0x, with the same 108 role calls, the same tokens and the
-same final answer for 16/16 questions.
+Measured figures are in docs/throughput.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,11 +36,13 @@ sys.path.insert(0, str(REPO / "tests"))  # the small-world builder shared with t
 
 
 class Timed:
-    """Counts the calls to one method of a backend or retriever and the seconds spent in them."""
+    """Counts the calls to one method of a backend or retriever and the seconds spent in them (from any thread);
+    `keep=True` also keeps every request list given (the role calls to replay)."""
 
-    def __init__(self, inner, method: str):
-        self.inner, self.method = inner, method
-        self.calls, self.seconds = 0, 0.0
+    def __init__(self, inner, method: str, keep: bool = False):
+        self.inner, self.method, self.keep = inner, method, keep
+        self.calls, self.seconds, self.kept = 0, 0.0, []
+        self._lock = threading.Lock()
 
     def __getattr__(self, name):
         target = getattr(self.inner, name)
@@ -51,17 +54,20 @@ class Timed:
             try:
                 return target(*args, **kwargs)
             finally:
-                self.calls += 1
-                self.seconds += time.perf_counter() - start
+                with self._lock:
+                    self.calls += 1
+                    self.seconds += time.perf_counter() - start
+                    if self.keep:
+                        self.kept.extend(args[0])
 
         return timed
 
 
-def run(recipe, questions, out, router, retriever, batch_size):
+def run(recipe, questions, out, router, retriever, schedule, batch_size):
     from maps_train.agents import run_method
 
-    recipe.agent.batch_size = batch_size
-    backend, search = Timed(router, "generate"), Timed(retriever, "search")
+    recipe.agent.schedule, recipe.agent.batch_size, recipe.agent.concurrency = schedule, batch_size, batch_size
+    backend, search = Timed(router, "generate", keep=True), Timed(retriever, "search")
     start = time.perf_counter()
     records = run_method(recipe, questions, out, backend=backend, retriever=search, progress=False)
     return records, time.perf_counter() - start, backend, search
@@ -77,6 +83,7 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--passage-words", type=int, default=120, help="agent.max_passage_words")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--modes", default="one,step,continuous,raw", help="comma-separated: one,step,continuous,raw")
     args = parser.parse_args()
 
     import torch
@@ -119,31 +126,46 @@ def main() -> None:
     questions = load_questions(root / "questions.jsonl")
     retriever = build_retriever(recipe.retrieval)  # builds the index (once)
     router = build_router(recipe)
-    run(recipe, questions[:2], root / "warmup", router, retriever, 2)  # load the model, warm the kernels
+    run(recipe, questions[:2], root / "warmup", router, retriever, "step", 2)  # load the model, warm the kernels
 
+    modes = args.modes.split(",")
     print(
         f"{args.backend}: {len(questions)} questions, {args.rounds} rounds, N={args.directions}, top-{args.top_k}, "
-        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, torch threads {torch.get_num_threads()}"
+        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, torch threads {torch.get_num_threads()}, "
+        f"{os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
     )
-    results = {}
-    for label, batch_size in (("batched", len(questions)), ("one at a time", 1)):
-        out = root / label.replace(" ", "_")
-        records, seconds, backend, search = run(recipe, questions, out, router, retriever, batch_size)
+    plan = {"one": ("one at a time", "step", 1), "step": ("step-synchronous", "step", len(questions)),
+            "continuous": ("continuous", "continuous", len(questions))}
+    seconds, calls_made = {}, {}
+    for mode in [m for m in modes if m in plan]:
+        label, schedule, size = plan[mode]
+        records, took, backend, search = run(recipe, questions, root / mode, router, retriever, schedule, size)
+        seconds[mode], calls_made[mode] = took, backend.kept
         calls = sum(r.cost.calls for r in records)
         prompt = sum(r.cost.prompt_tokens for r in records)
         completion = sum(r.cost.completion_tokens for r in records)
-        results[label] = (records, seconds)
         print(
-            f"{label:>14}: {seconds:7.1f} s  {len(records) / seconds:6.2f} questions/s | {calls} role calls in "
+            f"{label:>17}: {took:7.1f} s  {len(records) / took:6.2f} questions/s | {calls} role calls in "
             f"{backend.calls} generate() ({backend.seconds:.1f} s), {search.calls} search() ({search.seconds:.1f} s) "
-            f"| {prompt} prompt + {completion} completion tokens, {sum(r['rounds'] for r in records)} rounds"
+            f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds"
         )
-    batched, single = results["batched"], results["one at a time"]
-    same = sum(a.answer == b.answer for a, b in zip(batched[0], single[0]))
-    print(
-        f"speed-up of batching: {single[1] / batched[1]:.1f}x  (same final answer in {same}/{len(questions)}; "
-        "batch shapes change float sums, so greedy text can differ)"
-    )
+    if "raw" in modes and "continuous" in calls_made:
+        requests = calls_made["continuous"]
+        start = time.perf_counter()
+        completions = router.generate(requests)  # one call: the engine batches all of them continuously
+        raw = time.perf_counter() - start
+        seconds["raw"] = raw
+        tokens = sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
+        print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
+              f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    for a, b, what in (("one", "continuous", "continuous vs one at a time"),
+                       ("step", "continuous", "continuous vs step-synchronous"),
+                       ("one", "step", "step-synchronous vs one at a time"),
+                       ("continuous", "raw", "engine vs raw backend (same calls)")):
+        if a in seconds and b in seconds:
+            print(f"{what:>36}: {seconds[a] / seconds[b]:.2f}x" if b != "raw" else
+                  f"{what:>36}: {seconds[b] / seconds[a]:.2f} of the backend's throughput")
     router.close()
 
 

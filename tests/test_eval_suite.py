@@ -431,3 +431,15 @@ def test_names_of_systems_lying_close_together_are_stacked_not_overprinted():
     offsets = _label_offsets(points)
     assert offsets[0] == offsets[2] == offsets[3] == (4, 4)
     assert offsets[1][1] < offsets[0][1]  # the second name of the pair goes below the first
+
+
+def test_runs_overlap_only_with_runs_on_the_same_engines():
+    from maps_train.evaluate.suite import engines_of
+    from maps_train.recipe import load_recipe
+
+    teacher = load_recipe(None, ["roles.default.backend=vllm", "roles.default.model=m"])
+    baseline = load_recipe(None, ["roles.default.backend=vllm", "roles.default.model=m", "agent.method=vanilla"])
+    served = load_recipe(None, ["roles.default.backend=openai", "roles.default.model=m",
+                                "backend.base_urls=[http://h:8000/v1]"])
+    assert engines_of(teacher) == engines_of(baseline) == ("vllm:m",)
+    assert engines_of(served) == ("openai@http://h:8000/v1",)

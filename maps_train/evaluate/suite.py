@@ -76,9 +76,10 @@ class SuiteConfig:
     # Answer normalisation for Cover-EM/EM/F1: FlashRAG's `normalize_answer` (the paper's protocol), or "unicode"
     # (also Unicode punctuation and NFC; see maps_train/records/metrics.py).
     normalizer: Literal["flashrag", "unicode"] = "flashrag"
-    # (system, data set) runs in flight at once. Above 1, runs overlap on the shared engines (an in-process vLLM
-    # engine or a `vllm serve` fleet batch every run's calls together), so small runs no longer leave the engine
-    # idle; each run is scored the moment it is done. 1: one run after another.
+    # (system, data set) runs in flight at once. Above 1, runs on the same engines overlap (an in-process vLLM
+    # engine or a `vllm serve` fleet batches every run's calls together), so small runs no longer leave the engine
+    # idle; runs on other engines wait for the next wave (two engines on the same cores slow each other down far
+    # more than they gain). Each run is scored the moment it is done. 1: one run after another.
     parallel_runs: int = 1
 
 
@@ -293,6 +294,16 @@ def run_suite(
     return SuiteOutcome(out_dir, out_dir / RESULTS, summary, files, scored, unanswered)
 
 
+def engines_of(recipe: Any) -> tuple:
+    """The engines a system's routes run on (kind and model; the server URLs for openai routes)."""
+    from maps_train.llm.router import engine_key
+
+    keys = set()
+    for route in recipe.roles.values():
+        keys.add(engine_key(route) + (f"@{','.join(recipe.backend.base_urls)}" if route.backend == "openai" else ""))
+    return tuple(sorted(keys))
+
+
 def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress) -> tuple[int, int]:
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -342,13 +353,17 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
             for run in runs:
                 score(*run, answer(*run))
         else:
-            pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="suite-run")
-            futures = {pool.submit(answer, *run): run for run in runs}
-            try:
-                for future in as_completed(futures):
-                    score(*futures[future], future.result())
-            finally:  # a failed run stops the rest not yet started; finished runs' answers stay on disk
-                pool.shutdown(wait=True, cancel_futures=True)
+            waves: dict[tuple, list] = {}  # runs on the same engines, in suite order
+            for run in runs:
+                waves.setdefault(engines_of(recipes[run[0].name]), []).append(run)
+            for wave in waves.values():
+                pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="suite-run")
+                futures = {pool.submit(answer, *run): run for run in wave}
+                try:
+                    for future in as_completed(futures):
+                        score(*futures[future], future.result())
+                finally:  # a failed run stops the rest not yet started; finished runs' answers stay on disk
+                    pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
     return totals["scored"], totals["unanswered"]
