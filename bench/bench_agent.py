@@ -73,6 +73,17 @@ def run(recipe, questions, out, router, retriever, schedule, batch_size):
     return records, time.perf_counter() - start, backend, search
 
 
+def replay(router, requests) -> float:
+    """The backend alone on exactly these role calls: one `generate`, batched continuously by the engine."""
+    start = time.perf_counter()
+    completions = router.generate(requests)
+    raw = time.perf_counter() - start
+    tokens = sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
+    print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
+          f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
+    return raw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
@@ -134,13 +145,13 @@ def main() -> None:
         f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, torch threads {torch.get_num_threads()}, "
         f"{os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
     )
-    plan = {"one": ("one at a time", "step", 1), "step": ("step-synchronous", "step", len(questions)),
-            "continuous": ("continuous", "continuous", len(questions))}
-    seconds, calls_made = {}, {}
-    for mode in [m for m in modes if m in plan]:
+    plan = {"step": ("step-synchronous", "step", len(questions)),
+            "continuous": ("continuous", "continuous", len(questions)), "one": ("one at a time", "step", 1)}
+    seconds = {}
+    for mode in [m for m in plan if m in modes]:  # the slowest (one at a time) last
         label, schedule, size = plan[mode]
         records, took, backend, search = run(recipe, questions, root / mode, router, retriever, schedule, size)
-        seconds[mode], calls_made[mode] = took, backend.kept
+        seconds[mode] = took
         calls = sum(r.cost.calls for r in records)
         prompt = sum(r.cost.prompt_tokens for r in records)
         completion = sum(r.cost.completion_tokens for r in records)
@@ -149,15 +160,8 @@ def main() -> None:
             f"{backend.calls} generate() ({backend.seconds:.1f} s), {search.calls} search() ({search.seconds:.1f} s) "
             f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds"
         )
-    if "raw" in modes and "continuous" in calls_made:
-        requests = calls_made["continuous"]
-        start = time.perf_counter()
-        completions = router.generate(requests)  # one call: the engine batches all of them continuously
-        raw = time.perf_counter() - start
-        seconds["raw"] = raw
-        tokens = sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
-        print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
-              f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
+        if mode == "continuous" and "raw" in modes:
+            seconds["raw"] = replay(router, backend.kept)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     for a, b, what in (("one", "continuous", "continuous vs one at a time"),
                        ("step", "continuous", "continuous vs step-synchronous"),
