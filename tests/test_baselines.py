@@ -154,7 +154,7 @@ def test_search_o1_search_limit_and_turn_limit(schedule):
     assert trace.final_answer == ""  # no \boxed{} was ever written: scored as no answer, as the original does
 
 
-def test_search_o1_batches_each_role_and_retrieval_once_per_turn(schedule):
+def test_search_o1_batches_each_role_and_retrieval_once_per_turn():
     # q0 answers at once, q1 searches once, q2 searches twice: the calls shrink as questions finish.
     plans = {"q0": [], "q1": ["Eiffel engineer q1"], "q2": ["Eiffel engineer q2", "Dijon region"]}
     scripts = {
@@ -162,7 +162,7 @@ def test_search_o1_batches_each_role_and_retrieval_once_per_turn(schedule):
         "condenser": o1_condenser,
     }
     engine, backend, retriever = make(SearchO1Engine, scripts)
-    traces = run_all(engine, questions(3), schedule)
+    traces = run_all(engine, questions(3), "step")  # batch shapes: the step schedule's contract
     assert backend.batch_roles() == [["reasoner"], ["condenser"], ["reasoner"], ["condenser"], ["reasoner"]]
     assert [len(b) for b in backend.batches] == [3, 2, 2, 1, 1]
     assert [len(queries) for queries, _ in retriever.calls] == [2, 1]
@@ -210,10 +210,10 @@ def parallel_reasoner(searches_by_turn):
     return script
 
 
-def test_parallel_search_sends_all_sub_queries_of_a_step_in_one_retrieval_call(schedule):
+def test_parallel_search_sends_all_sub_queries_of_a_step_in_one_retrieval_call():
     scripts = {"reasoner": parallel_reasoner([["Gustave Eiffel birthplace", "Eiffel Tower engineer", "Dijon"]])}
     engine, backend, retriever = make(ParallelSearchEngine, scripts)
-    traces = run_all(engine, questions(2), schedule)
+    traces = run_all(engine, questions(2), "step")  # batch shapes: the step schedule's contract
     assert len(retriever.calls) == 1
     sent, k = retriever.calls[0]
     assert k == 3 and sent == [
@@ -260,9 +260,9 @@ def s3_searcher(request, turn):
     return "<important_info>[2, 9]</important_info>\n<search_complete>True</search_complete>"
 
 
-def test_s3_generator_sees_only_the_kept_documents(schedule):
+def test_s3_generator_sees_only_the_kept_documents():
     engine, backend, retriever = make(S3Engine, {"searcher": s3_searcher, "generator": lambda r, t: "Dijon"})
-    traces = run_all(engine, questions(2), schedule)
+    traces = run_all(engine, questions(2), "step")  # batch shapes: the step schedule's contract
     assert backend.batch_roles() == [["searcher"], ["searcher"], ["generator"]]
     assert len(retriever.calls) == 2  # the initial top-K of every question, then the step's queries, one call each
     texts = passage_texts(retriever)

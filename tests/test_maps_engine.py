@@ -153,9 +153,9 @@ def test_max_rounds_one_and_single_direction(schedule):
     assert [len(b) for b in backend.batches] == [1, 1, 1, 1]
 
 
-def test_no_directions_ablation_writes_n_queries_in_one_call(schedule):
+def test_no_directions_ablation_writes_n_queries_in_one_call():
     engine, backend, retriever = make_engine(["agent.use_directions=false", "agent.max_rounds=2"])
-    traces = run_all(engine, questions(2), schedule)
+    traces = run_all(engine, questions(2), "step")  # batch shapes: the step schedule's contract
     assert not backend.requests("proposer")
     assert backend.batch_roles() == [["writer"], ["consolidator"]] * 2 + [["answer"]]
     assert [len(b) for b in backend.batches] == [2, 2, 2, 2, 2]
