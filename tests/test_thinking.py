@@ -154,17 +154,30 @@ def test_hf_backend_reads_a_reply_that_starts_inside_a_think_block_the_template_
 
 
 class StandInLLM:
-    """Records the prompts and sampling of `generate`; replies with scripted text, tokenised."""
+    """Test double of `vllm.LLM` as the engine loop drives it (`enqueue`, `llm_engine.step`): records the prompts
+    and sampling it was given; every request finishes at the next step with the scripted text, tokenised."""
 
     def __init__(self, tokenizer, reply: str):
         self.tokenizer, self.reply, self.prompts, self.params = tokenizer, reply, [], []
+        self.pending, self.count = [], 0
+        self.llm_engine = SimpleNamespace(has_unfinished_requests=lambda: bool(self.pending), step=self._step)
 
-    def generate(self, prompts, params, lora_request=None, use_tqdm=False):
+    def enqueue(self, prompts, params, lora_request=None, use_tqdm=False):
         self.prompts += [self.tokenizer.decode(p["prompt_token_ids"]) for p in prompts]
         self.params += list(params)
+        ids = []
+        for prompt in prompts:
+            self.count += 1
+            self.pending.append((str(self.count), prompt))
+            ids.append(f"{self.count}-abcdefgh")  # vLLM's internal id: the external one plus a random suffix
+        return ids
+
+    def _step(self):
         ids = self.tokenizer(self.reply, add_special_tokens=False)["input_ids"]
         sample = SimpleNamespace(text=self.reply, token_ids=ids, finish_reason="stop")
-        return [SimpleNamespace(outputs=[sample], prompt_token_ids=p["prompt_token_ids"]) for p in prompts]
+        done, self.pending = self.pending, []
+        return [SimpleNamespace(request_id=rid, finished=True, outputs=[sample], prompt_token_ids=p["prompt_token_ids"])
+                for rid, p in done]
 
 
 def stand_in_vllm(model: str, reply: str, thinking: bool, parser: bool):
