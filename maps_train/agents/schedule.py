@@ -48,8 +48,6 @@ class Coalescer:
         self.fn = fn
         self.max_wait_s = max_wait_s
         self.max_items = max_items
-        self.calls = 0  # merged calls made
-        self.largest = 0  # items in the largest merged call
         self._inbox: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -89,8 +87,6 @@ class Coalescer:
 
     def _flush(self, batch: list[tuple[list, Future]]) -> None:
         merged = [x for items, _ in batch for x in items]
-        self.calls += 1
-        self.largest = max(self.largest, len(merged))
         try:
             results = self.fn(merged)
             if len(results) != len(merged):
@@ -146,10 +142,6 @@ class CoalescingRetriever:
         unique = list(dict.fromkeys(queries))
         by_query = dict(zip(unique, self.inner.search(unique, k)))
         return [by_query[query] for query in queries]
-
-    @property
-    def search_calls(self) -> int:
-        return sum(c.calls for c in self._by_k.values())
 
     def close(self) -> None:
         for coalescer in self._by_k.values():
