@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from maps_train.tracking import WandbConfig
 
+_CONFIG_SOURCE = str(Path(__file__).with_name("config.py"))  # the checking code, part of a verdict's key
+
 
 @dataclass
 class RetrievalConfig:
@@ -212,20 +214,52 @@ LORA_DEFAULTS: dict[str, Any] = {
 }
 
 
-def check_sft_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`train.sft` checked against trl.SFTConfig's own fields (imported only when a recipe sets the section)."""
+def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str, Any], check) -> dict[str, Any]:
+    """`check(options)`, remembered per installed version of the library that judges it.
+
+    Importing TRL or PEFT costs about 11 s on 2 CPU cores, and every command that loads a recipe (traces, eval,
+    serve, sft-data) would pay it to check a section it never uses. The library's verdict on the same options under
+    the same versions (and this checking code) does not change, so an accepted set is kept under
+    $MAPS_TRAIN_HOME/checks and later loads reuse it; a refused set is never kept, so it fails every time."""
+    import os
+    import tempfile
+    from importlib.metadata import version
+
+    from maps_train.paths import home
+
+    code = "".join(Path(module).read_text(encoding="utf-8") for module in (__file__, _CONFIG_SOURCE))
+    key = json.dumps({"kind": kind, "versions": {name: version(name) for name in distributions},
+                      "code": hashlib.sha256(code.encode()).hexdigest(), "options": options},
+                     sort_keys=True, default=repr)
+    path = home() / "checks" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["checked"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not checked yet (or an unreadable entry): ask the library
+    checked = check(options)
+    try:
+        text = json.dumps({"kind": kind, "checked": checked})
+    except (TypeError, ValueError):
+        return checked  # a value JSON cannot hold: checked again next time
+    if json.loads(text)["checked"] != checked:
+        return checked  # JSON would change it (a tuple, say): never reuse a different value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temporary, path)  # atomic: concurrent loads read a whole entry or none
+    return checked
+
+
+def _sft_verdict(options: dict[str, Any]) -> dict[str, Any]:
     from trl import SFTConfig
 
-    from maps_train.config import FieldError, check_dataclass_kwargs
+    from maps_train.config import check_dataclass_kwargs
 
-    for key in options:
-        if key in SFT_RESERVED:
-            raise FieldError(key, SFT_RESERVED[key])
     return check_dataclass_kwargs(SFTConfig, options, "SFTConfig")
 
 
-def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`train.lora` checked against peft.LoraConfig's fields, then built once so PEFT's own checks run now."""
+def _lora_verdict(options: dict[str, Any]) -> dict[str, Any]:
     from peft import LoraConfig
 
     from maps_train.config import FieldError, check_dataclass_kwargs
@@ -236,6 +270,22 @@ def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError) as err:
         raise FieldError("", f"peft.LoraConfig refuses it: {' '.join(str(err).split())}") from None
     return checked
+
+
+def check_sft_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`train.sft` checked against trl.SFTConfig's own fields (TRL's verdict remembered per version)."""
+    from maps_train.config import FieldError
+
+    for key in options:
+        if key in SFT_RESERVED:
+            raise FieldError(key, SFT_RESERVED[key])
+    return library_verdict("sft", ("trl", "transformers"), options, _sft_verdict)
+
+
+def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`train.lora` checked against peft.LoraConfig's fields, then built once so PEFT's own checks run now (PEFT's
+    verdict remembered per version)."""
+    return library_verdict("lora", ("peft",), options, _lora_verdict)
 
 
 @dataclass
