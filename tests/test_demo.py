@@ -41,6 +41,11 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
              for rnd in json.loads(line)["rounds"] for call in rnd["calls"]]
     served = {(call["role"], call["usage"]["model"]) for call in calls}
     assert {("proposer", "proposer"), ("writer", "writer"), ("consolidator", "consolidator")} <= served
+    # ...and so were every other system's (the demo's teacher is the student base, which that server holds): the
+    # server answered at least one request per call booked by all six systems.
+    server_log = (out / "logs" / "serve-vllm.log").read_text(errors="replace")
+    requests = server_log.count("POST /v1/chat/completions") + server_log.count("POST /v1/completions")
+    assert requests >= sum(row["cost"]["calls"] for row in results) > 0
 
     # The paper's analyses (momentum, drift, stop rounds) from the demo's own eval runs, in one command.
     analysis = subprocess.run(
