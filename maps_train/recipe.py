@@ -243,11 +243,14 @@ def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str
         return checked  # a value JSON cannot hold: checked again next time
     if json.loads(text)["checked"] != checked:
         return checked  # JSON would change it (a tuple, say): never reuse a different value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(temporary, path)  # atomic: concurrent loads read a whole entry or none
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)  # atomic: concurrent loads read a whole entry or none
+    except OSError:
+        pass  # a home we cannot write: the verdict stands, only the memo is lost
     return checked
 
 
