@@ -1,8 +1,10 @@
-"""Where maps-train keeps what it materialises (builtin models): $MAPS_TRAIN_HOME, else the user cache dir."""
+"""Where maps-train keeps what it materialises (builtin models): $MAPS_TRAIN_HOME, else the user cache dir; and the
+one atomic write of a small file that every stage uses."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 
@@ -13,3 +15,12 @@ def home() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file of this process and thread, then one rename: concurrent readers
+    and writers (two students building one SFT set, two loads of one recipe) see a whole file or the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)

@@ -221,11 +221,9 @@ def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str
     serve, sft-data) would pay it to check a section it never uses. The library's verdict on the same options under
     the same versions (and this checking code) does not change, so an accepted set is kept under
     $MAPS_TRAIN_HOME/checks and later loads reuse it; a refused set is never kept, so it fails every time."""
-    import os
-    import tempfile
     from importlib.metadata import version
 
-    from maps_train.paths import home
+    from maps_train.paths import home, write_text_atomic
 
     code = "".join(Path(module).read_text(encoding="utf-8") for module in (__file__, _CONFIG_SOURCE))
     key = json.dumps({"kind": kind, "versions": {name: version(name) for name in distributions},
@@ -244,11 +242,7 @@ def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str
     if json.loads(text)["checked"] != checked:
         return checked  # JSON would change it (a tuple, say): never reuse a different value
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, path)  # atomic: concurrent loads read a whole entry or none
+        write_text_atomic(path, text)  # concurrent loads read a whole entry or none
     except OSError:
         pass  # a home we cannot write: the verdict stands, only the memo is lost
     return checked

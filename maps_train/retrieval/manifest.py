@@ -7,20 +7,18 @@ FAISS row number means nothing against another corpus and a vector means nothing
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.paths import write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def has_manifest(index_dir: str | Path) -> bool:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 from collections import Counter, defaultdict
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
@@ -299,18 +299,10 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
         else:
             (out / adapter / "eval.jsonl").unlink(missing_ok=True)  # a stale split would be trained against
     settings = {**sft_set_settings(recipe), "token_counts_by": builder.counter.name}
-    write_text(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    write_text(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
+    write_text_atomic(out / SETTINGS_FILE, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(out / STATS_FILE, json.dumps(stats.to_dict(), indent=2) + "\n")
     return stats
 
 
-def write_text(path: Path, text: str) -> None:
-    """Atomically, through a temporary file of this process: two students may build the same set at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
