@@ -57,6 +57,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
 
     from maps_train.train import callbacks, data, sft
     from maps_train.train.adapter_check import require_valid_adapter
+    from maps_train.train.lm_head import score_labelled_positions_only
 
     state = sft.distributed_state()
     out_dir = sft.adapter_output_dir(recipe, adapter)
@@ -94,8 +95,9 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     vocab_before = model.get_input_embeddings().num_embeddings
 
     ###############
-    # Trainer
+    # Trainer (its fused LM head scoring completion positions only, on the CPU too)
     ###############
+    score_labelled_positions_only()
     trainer = SFTTrainer(
         model=model,
         args=training_args,
