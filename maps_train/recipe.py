@@ -86,6 +86,9 @@ class BackendConfig:
     request_timeout_s: float = 120.0
     max_retries: int = 4
     retry_backoff_s: float = 0.5  # openai backend: waits 0.5, 1, 2, ... s between retries
+    # openai backend: how long the first request to each server waits for its /health to answer (0: not at all), so
+    # a run may start while its server is still starting (the demo starts both beside the index build)
+    server_wait_s: float = 0.0
     # vLLM engine: JSON without free whitespace (engine-wide in vLLM, xgrammar); small models otherwise loop on blank lines.
     # For a server, pass `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'`.
     structured_disable_whitespace: bool = True
@@ -189,7 +192,7 @@ SFT_DEFAULTS: dict[str, Any] = {
     "packing": False,
     "completion_only_loss": True,  # loss on the role's completion only (prompt-completion rows)
     "assistant_only_loss": False,  # prompt-completion rows: the completion mask needs no template markers
-    "bf16": False,  # GPU only (CPU trains in float32 whatever this says)
+    "bf16": False,  # bf16 autocast: on GPU; on CPU only with bf16 instructions (AVX512-BF16, AMX), else float32
     "gradient_checkpointing": False,
     "logging_steps": 10,
     "eval_strategy": "steps",  # every eval_steps (null: logging_steps) when the SFT set has eval.jsonl; else "no"

@@ -124,8 +124,12 @@ def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
     path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", sft={"bf16": True})
     recipe = load_recipe(str(path), ["wandb.enabled=true", f"wandb.dir={tmp_path / 'wandb'}"])
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    # CPU: float32 weights; bf16 autocast only where the CPU has bf16 instructions, else float32 throughout.
+    monkeypatch.setattr(sft, "cpu_multiplies_bf16", lambda: True)
+    assert sft.choose_precision(recipe.train) == sft.Precision(dtype="float32", bf16=True)
+    monkeypatch.setattr(sft, "cpu_multiplies_bf16", lambda: False)
     precision = sft.choose_precision(recipe.train)
-    assert (precision.dtype, precision.bf16) == ("float32", False)  # CPU: float32 whatever the recipe says
+    assert (precision.dtype, precision.bf16) == ("float32", False)
     args = sft.build_sft_config(recipe, "writer", precision)
     assert args.completion_only_loss is True and args.assistant_only_loss is False
     assert args.use_cpu is True and args.bf16 is False and args.report_to == ["wandb"]
@@ -291,6 +295,35 @@ def test_eval_loss_is_in_the_training_summary(sft_dir, tmp_path, monkeypatch):
     steps = [step for step, _ in summary["eval_losses"]]
     assert steps == [1, 2] and all(math.isfinite(loss) for _, loss in summary["eval_losses"])
     assert math.isfinite(summary["eval_loss"]) and len(summary["losses"]) == 2
+
+
+def test_bf16_on_the_cpu_trains_under_autocast_where_the_cpu_multiplies_bf16(sft_dir, tmp_path, monkeypatch):
+    """`train.sft.bf16` on a CPU: what the trainer's loss actually ran under is bf16 autocast where the CPU has bf16
+    instructions, and plain float32 elsewhere; the summary says which."""
+    import torch
+    from trl import SFTTrainer
+
+    from maps_train.train import sft
+    from maps_train.train.__main__ import main
+
+    seen = []  # (autocast on, output dtype) of one projection inside the trained model, at every forward
+    compute_loss = SFTTrainer.compute_loss
+
+    def recording(self, model, *args, **kwargs):
+        if not seen:
+            linear = next(m for name, m in model.named_modules() if name.endswith("q_proj.base_layer"))
+            linear.register_forward_hook(lambda m, i, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+        return compute_loss(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", recording)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out",
+                        sft={"max_steps": 1, "save_steps": 100, "bf16": True, "eval_strategy": "no"})
+    assert main(["--config", str(path), "--role", "writer"]) == 0
+    summary = json.loads((tmp_path / "out" / "writer" / "train_summary.json").read_text())
+    native = sft.cpu_multiplies_bf16()
+    assert summary["bf16"] is native and summary["dtype"] == "float32" and math.isfinite(summary["train_loss"])
+    assert seen == [(native, torch.bfloat16 if native else torch.float32)] * len(seen)
 
 
 # ---------------------------------------------------------------- real training under accelerate launch
