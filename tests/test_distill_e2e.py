@@ -323,6 +323,27 @@ def test_serve_prints_its_command_and_the_routing(served, pipeline, smollm2):
     assert parents == {smollm2: None, **{name: smollm2 for name in ADAPTER_ROLES}}
 
 
+def test_load_adapters_leaves_served_ones_alone_and_refuses_a_swap_in_one_line(served, pipeline, tmp_path):
+    """`maps-train load-adapters` against this server (started with its adapters): adapters it serves from the same
+    folders are left alone; the same names from other folders are refused (vLLM would keep the old prefixes)."""
+    import shutil
+
+    from maps_train.errors import MapsTrainError
+    from maps_train.serve.load import load_adapters
+
+    _, plan = served
+    lines: list[str] = []
+    served_now = load_adapters(pipeline.recipe, url=plan.url, echo=lines.append)
+    assert served_now == {name: str((pipeline.root / "adapters" / name).resolve()) for name in ADAPTER_ROLES}
+    assert lines == [f"{name}: already served from {served_now[name]}" for name in ADAPTER_ROLES]
+
+    copies = tmp_path / "adapters"  # the same adapters in another folder: served under those names from elsewhere
+    shutil.copytree(pipeline.root / "adapters", copies)
+    moved = replace(pipeline.recipe, serve=replace(pipeline.recipe.serve, adapters_dir=str(copies)))
+    with pytest.raises(MapsTrainError, match="already serves it from .*restart the server"):
+        load_adapters(moved, url=plan.url, echo=lines.append)
+
+
 def test_distilled_maps_through_the_server_uses_each_roles_adapter(served, pipeline):
     from maps_train.agents.runner import run_method
     from maps_train.questions import load_questions

@@ -94,6 +94,23 @@ def test_dry_run_prints_the_exact_command_and_routing(tmp_path, adapters_dir, ti
     assert load_recipe(str(fragment)).route("answer").adapter == "consolidator"
 
 
+def test_adapters_later_plans_slots_and_runtime_loading_before_any_adapter_exists(tmp_path, tiny_qwen3):
+    recipe = load_recipe(str(write_recipe(tmp_path, tmp_path / "not-trained-yet", train={"lora": {"r": 32}})))
+    with pytest.raises(MapsTrainError, match="not found"):
+        plan_server(recipe)  # the adapters must exist for a server that loads them at start
+    plan = plan_server(recipe, adapters_later=True)
+    command = plan.command
+    assert "--enable-lora" in command and "--lora-modules" not in command
+    assert flag(command, "--max-loras") == "4"  # the slots the three adapters will take, and the spare one
+    assert flag(command, "--max-lora-rank") == "32" == str(plan.max_lora_rank)  # train.lora.r, before any adapter
+    assert plan.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # /v1/load_lora_adapter on
+    assert plan_server(load_recipe(str(write_recipe(tmp_path, tmp_path / "x", train={"lora": {"r": 12}}))),
+                       adapters_later=True).max_lora_rank == 16  # the smallest vLLM rank that holds 12
+    # The routing is the same as the adapters' server will have: the served adapter names.
+    assert {role: route.adapter for role, route in plan.routes.items()} == {
+        "proposer": "proposer", "writer": "writer", "consolidator": "consolidator", "answer": "consolidator"}
+
+
 @pytest.mark.parametrize("ranks, expected", [({"writer": 16}, 16), ({"writer": 12}, 16), ({"proposer": 32, "writer": 16}, 32)])
 def test_max_lora_rank_is_the_smallest_vllm_rank_that_fits(tmp_path, adapters_dir, tiny_qwen3, ranks, expected):
     for name, rank in ranks.items():

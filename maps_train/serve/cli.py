@@ -16,6 +16,10 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. serve.port=8100"),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact vllm command and routing; start nothing."),
         log: str = typer.Option(None, help="Append the server's output to this file."),
+        adapters_later: bool = typer.Option(
+            False, "--adapters-later",
+            help="Start before the adapters exist (LoRA slots, runtime loading on); `maps-train load-adapters` "
+                 "loads them once trained."),
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
         from maps_train.config import dump_yaml
@@ -25,7 +29,7 @@ def register(app: typer.Typer) -> None:
         from maps_train.serve.server import VLLMServer
 
         loaded = load_recipe(recipe, overrides or [])
-        plan = plan_server(loaded)
+        plan = plan_server(loaded, adapters_later=adapters_later)
         typer.echo("command: " + shlex.join(plan.command))
         routing = dump_yaml({"backend": {"base_urls": [plan.url]}, "roles": plan.routes})
         if dry_run:
@@ -43,6 +47,19 @@ def register(app: typer.Typer) -> None:
             typer.echo("stopped vllm serve")
             return
         raise MapsTrainError(f"vllm serve exited on its own with code {server.process.returncode} (see --log)")
+
+
+    @app.command("load-adapters")
+    def load_adapters(
+        recipe: str = typer.Argument(..., help="The distillation recipe whose trained adapters to load."),
+        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. serve.port=8100"),
+        url: str = typer.Option(None, help="The server's /v1 URL (default: the recipe's serve host and port)."),
+    ) -> None:
+        """Load the recipe's trained role adapters into a running `maps-train serve --adapters-later` server."""
+        from maps_train.recipe import load_recipe
+        from maps_train.serve.load import load_adapters as load
+
+        load(load_recipe(recipe, overrides or []), url=url, echo=typer.echo)
 
 
 def _interrupt(signum, frame) -> None:

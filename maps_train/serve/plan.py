@@ -14,6 +14,8 @@ from maps_train.models.resolve import resolve_model
 from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_on_cpu
 from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for /v1/load_lora_adapter
+
 
 @dataclass
 class ServerPlan:
@@ -24,6 +26,7 @@ class ServerPlan:
     url: str
     routes: dict[str, RoleRoute]  # role -> route for the agent (backend openai, adapter = served name)
     cpu_kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE when the server runs on vLLM-CPU
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # set for the server process
 
 
 def adapter_paths(recipe: Recipe) -> dict[str, Path]:
@@ -87,15 +90,40 @@ def _vllm_serve(base: str) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", base]
 
 
-def plan_server(recipe: Recipe) -> ServerPlan:
-    base, adapters, max_rank = check_adapters(recipe)
+def planned_rank(recipe: Recipe) -> int:
+    """The `--max-lora-rank` of a server started before its adapters exist: the smallest vLLM rank that holds
+    `train.lora.r` (and `backend.max_lora_rank`)."""
+    from maps_train.train.adapter_check import VLLM_LORA_RANKS
+
+    wanted = max(int(recipe.train.lora.get("r") or 0), int(recipe.backend.max_lora_rank or 0))
+    rank = next((r for r in VLLM_LORA_RANKS if r >= wanted), None)
+    if rank is None:
+        raise MapsTrainError(f"serve: LoRA rank {wanted} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    return rank
+
+
+def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
+    """The `vllm serve` command for the recipe's student base and role adapters.
+
+    `adapters_later`: start before the adapters exist (the demo serves the teacher's traces from the same server
+    before training): LoRA slots for every adapter the recipe trains and vLLM's runtime adapter loading switched on,
+    no adapter loaded; `load_adapters()` loads them once trained, checked the same way."""
+    if adapters_later:
+        base = resolve_model(recipe.serve.base_model or recipe.train.student)
+        adapters, max_rank = adapter_paths(recipe), planned_rank(recipe)
+        loaded: list[str] = []
+        env = {RUNTIME_LORA_ENV: "True"}
+    else:
+        base, adapters, max_rank = check_adapters(recipe)
+        loaded = ["--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()]]
+        env = {}
     serve, backend = recipe.serve, recipe.backend
     thinking = {"enable_thinking": recipe.sft_data.enable_thinking}
     command = [
         *_vllm_serve(base),
         "--host", serve.host, "--port", str(serve.port),
         "--enable-lora",
-        "--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()],
+        *loaded,
         "--max-loras", str(lora_slots(len(adapters), cpu=vllm_on_cpu())),
         "--max-lora-rank", str(max_rank),
         "--dtype", backend.dtype,
@@ -120,7 +148,7 @@ def plan_server(recipe: Recipe) -> ServerPlan:
     command += serve.extra_args
     url = f"http://{serve.host}:{serve.port}/v1"
     return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
-                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib)
+                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib, env)
 
 
 def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = None) -> dict[str, RoleRoute]:

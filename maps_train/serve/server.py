@@ -80,6 +80,7 @@ class VLLMServer:
 
         # vLLM-CPU reads its KV-cache size and core binding from the environment (ignored on GPU builds).
         env = apply_runtime_defaults(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
+        env.update(self.plan.env)
         self.process = subprocess.Popen(
             self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True,  # Ctrl-C reaches us, not vLLM: stop() then ends its whole process group
