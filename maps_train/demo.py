@@ -4,12 +4,19 @@ The demo adds data (`data/demo`, committed; `data/demo/demo_world.py` regenerate
 not code paths: it resolves the recipe and the suite into its output folder and runs, one after another, the
 commands a user runs, printing each one so any step can be rerun by hand:
 
+    maps-train serve R --adapters-later        one vLLM server for the whole demo (background: it starts while the
+                                               index builds and the traces command starts up; the teacher's first
+                                               request waits for it): the student base, LoRA slots for the adapters
     maps-train index build --recipe R          MiniLM + FAISS over the demo corpus
-    maps-train traces R                        the teacher (SmolLM2 on vLLM, constrained decoding) on train questions
+    maps-train traces R                        the teacher (SmolLM2 through that server, constrained decoding)
     maps-train sft-data R                      correct, parsed traces -> one TRL set per role
     maps-train train R --role all              three LoRA adapters, each under `accelerate launch` (2 processes)
-    maps-train serve R                         one vLLM server: the student base + the three adapters (background)
+    maps-train load-adapters R                 the three adapters into the running server
     maps-train eval S                          teacher vs distilled vs baselines on the test questions
+
+The demo's teacher is the student base (the only real instruct model that installs offline), so one server holds
+it for the teacher's traces and, once the adapters are loaded into it, for every system of the evaluation: one
+vLLM start instead of two (an engine start costs about 50 s of the 2 cores).
 
 Every step resumes, so a rerun continues where a killed demo stopped. The end writes `REPORT.md` (the eval table,
 per-role parse rates without constrained decoding before and after the adapters, student vs teacher) and prints
@@ -22,6 +29,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -51,14 +59,17 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "maps_train.cli", *args]
 
 
-def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str]) -> float:
-    """Run one maps-train command, its output teed to <log_dir>/<step>.log; a failure names the log."""
+def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str], server: ServerWatch | None = None) -> float:
+    """Run one maps-train command, its output teed to <log_dir>/<step>.log; a failure names the log. With `server`,
+    the step is stopped if the demo's server dies under it (its failure then names the server's log)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{title.split()[0]}.log"
     typer.echo(f"\n==> {title}\n$ maps-train {shlex.join(args)}")
     start = time.perf_counter()
     with log.open("a") as handle:
         process = subprocess.Popen(_command(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if server is not None:
+            server.step = process
         assert process.stdout is not None
         for line in process.stdout:
             handle.write(line)
@@ -66,6 +77,9 @@ def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str]) -
                 typer.echo("    " + line.rstrip()[:160])
         code = process.wait()
     elapsed = time.perf_counter() - start
+    if server is not None:
+        server.step = None
+        server.raise_if_dead()
     if code != 0:
         raise MapsTrainError(f"demo step '{title}' failed (exit {code}); see {log}")
     typer.echo(f"    done in {elapsed:.0f}s (log: {log})")
@@ -80,7 +94,7 @@ def _worth_showing(line: str) -> bool:
     return not line.startswith((" ", "\t"))  # continuation lines of warnings and tracebacks
 
 
-def prepare(out: Path, quick: bool, extra: list[str]) -> tuple[Path, Path]:
+def prepare(out: Path, quick: bool, extra: list[str], server_wait_s: float = 600.0) -> tuple[Path, Path]:
     """The resolved recipe and suite the demo's commands run on, written into `out`."""
     from maps_train.config import dump_yaml, to_dict
     from maps_train.evaluate.suite import load_suite
@@ -95,12 +109,16 @@ def prepare(out: Path, quick: bool, extra: list[str]) -> tuple[Path, Path]:
     ]
     overrides += (QUICK_OVERRIDES if quick else []) + extra
     recipe = load_recipe(DEMO_RECIPE, overrides)
+    # The teacher's routes go to the demo's one server (see the module docstring).
+    url = f"http://{recipe.serve.host}:{recipe.serve.port}/v1"
+    server_routes = [f"backend.base_urls=[{url}]", f"backend.server_wait_s={server_wait_s}"]
+    server_routes += [f"roles.{role}.backend=openai" for role in recipe.roles]
+    recipe = load_recipe(DEMO_RECIPE, overrides + server_routes)
     out.mkdir(parents=True, exist_ok=True)
     recipe_path = out / "recipe.yaml"
     recipe_path.write_text(f"# resolved from {DEMO_RECIPE} by `maps-train demo`\n" + dump_yaml(recipe))
 
     suite = load_suite(DEMO_SUITE, [f"out_dir={out / 'eval'}", f"wandb.dir={out / 'wandb'}"])
-    url = f"http://{recipe.serve.host}:{recipe.serve.port}/v1"
     raw = to_dict(suite)
     for system in raw["systems"]:
         system["recipe"] = str(recipe_path)
@@ -114,34 +132,57 @@ def prepare(out: Path, quick: bool, extra: list[str]) -> tuple[Path, Path]:
     return recipe_path, suite_path
 
 
-def _start_server(recipe_path: Path, log_dir: Path, env: dict[str, str], timeout_s: float) -> subprocess.Popen:
-    from maps_train.recipe import load_recipe
+class ServerWatch:
+    """The demo's `maps-train serve --adapters-later`, started in the background before the index build. The steps
+    do not wait for it: the teacher's requests wait for its /health (`backend.server_wait_s`), so the server starts
+    while the index builds and the traces command starts up. A thread notes when it answers and, should it die,
+    stops the step running on it."""
 
-    recipe = load_recipe(str(recipe_path))
-    args = ["serve", str(recipe_path), "--log", str(log_dir / "serve-vllm.log")]
-    typer.echo(f"\n==> serve (background)\n$ maps-train {shlex.join(args)}")
-    handle = (log_dir / "serve.log").open("a")
-    process = subprocess.Popen(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)
-    from maps_train.serve.server import wait_until_healthy
+    def __init__(self, recipe_path: Path, log_dir: Path, env: dict[str, str], port: int, host: str):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        args = ["serve", str(recipe_path), "--adapters-later", "--log", str(log_dir / "serve-vllm.log")]
+        typer.echo(f"\n==> serve (background: starting while the index builds and the traces start up)\n"
+                   f"$ maps-train {shlex.join(args)}")
+        self.log = log_dir / "serve.log"
+        self.health = f"http://{host}:{port}/health"
+        self.started = time.perf_counter()
+        self.healthy_after_s: float | None = None
+        self.step: subprocess.Popen | None = None
+        self.stopping = False
+        with self.log.open("a") as handle:
+            self.process = subprocess.Popen(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        threading.Thread(target=self._watch, daemon=True, name="demo-server-watch").start()
 
-    health = f"http://{recipe.serve.host}:{recipe.serve.port}/health"
-    log = log_dir / "serve.log"
-    try:
-        wait_until_healthy(process, health, timeout_s, lambda code: f"demo step 'serve' exited with code {code}; see {log}")
-    except BaseException:
-        _stop_server(process)
-        raise
-    typer.echo(f"    healthy at {health}")
-    return process
+    def _watch(self) -> None:
+        import httpx
 
+        while not self.stopping:
+            if self.process.poll() is not None:
+                step = self.step
+                if step is not None and step.poll() is None:
+                    step.terminate()
+                return
+            if self.healthy_after_s is None:
+                try:
+                    if httpx.get(self.health, timeout=2.0).status_code == 200:
+                        self.healthy_after_s = time.perf_counter() - self.started
+                        typer.echo(f"    (server healthy at {self.health} after {self.healthy_after_s:.0f}s)")
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.5)
 
-def _stop_server(process: subprocess.Popen) -> None:
-    import signal
+    def raise_if_dead(self) -> None:
+        if self.process.poll() is not None and not self.stopping:
+            raise MapsTrainError(f"demo step 'serve' exited with code {self.process.returncode}; see {self.log}")
 
-    from maps_train.serve.server import stop_process_group
+    def stop(self) -> None:
+        import signal
 
-    stop_process_group(process, first=signal.SIGINT, grace_s=60)  # `maps-train serve` stops vLLM cleanly on Ctrl-C
+        from maps_train.serve.server import stop_process_group
+
+        self.stopping = True
+        stop_process_group(self.process, first=signal.SIGINT, grace_s=60)  # `maps-train serve` stops cleanly on Ctrl-C
 
 
 def role_parse_rates(eval_dir: Path, system: str) -> dict[str, tuple[int, int]]:
@@ -206,22 +247,30 @@ def write_report(out: Path, timings: dict[str, float]) -> Path:
 
 
 def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, server_timeout_s: float = 600.0) -> Path:
+    """The whole pipeline into `out`; the teacher's first request waits up to `server_timeout_s` for the server."""
     env = _environment()
     logs = out / "logs"
-    recipe_path, suite_path = prepare(out, quick, extra or [])
+    recipe_path, suite_path = prepare(out, quick, extra or [], server_timeout_s)
     recipe = str(recipe_path)
     timings: dict[str, float] = {}
-    timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env)
-    timings["traces"] = _run_step("traces (teacher MAPS runs)", ["traces", recipe], logs, env)
-    timings["sft-data"] = _run_step("sft-data", ["sft-data", recipe], logs, env)
-    timings["train"] = _run_step("train (3 adapters, accelerate launch)", ["train", recipe, "--role", "all"], logs, env)
-    start = time.perf_counter()
-    server = _start_server(recipe_path, logs, env, server_timeout_s)
-    timings["serve start"] = time.perf_counter() - start
+    from maps_train.recipe import load_recipe
+
+    serve = load_recipe(recipe).serve
+    server = ServerWatch(recipe_path, logs, env, serve.port, serve.host)
     try:
-        timings["eval"] = _run_step("eval (teacher, distilled, baselines)", ["eval", str(suite_path)], logs, env)
+        timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env, server)
+        timings["traces"] = _run_step("traces (teacher MAPS runs)", ["traces", recipe], logs, env, server)
+        timings["sft-data"] = _run_step("sft-data", ["sft-data", recipe], logs, env)
+        timings["train"] = _run_step("train (3 adapters, accelerate launch)", ["train", recipe, "--role", "all"], logs,
+                                     env)
+        timings["load-adapters"] = _run_step("load-adapters (into the server)", ["load-adapters", recipe], logs, env,
+                                             server)
+        timings["eval"] = _run_step("eval (teacher, distilled, baselines)", ["eval", str(suite_path)], logs, env,
+                                    server)
     finally:
-        _stop_server(server)
+        server.stop()
+    if server.healthy_after_s is not None:
+        timings["(serve start, in the background)"] = server.healthy_after_s
     report = write_report(out, timings)
     artefacts = {
         "recipe (resolved)": recipe_path, "index": out / "index", "teacher traces": out / "traces",

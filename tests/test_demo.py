@@ -41,11 +41,15 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
              for rnd in json.loads(line)["rounds"] for call in rnd["calls"]]
     served = {(call["role"], call["usage"]["model"]) for call in calls}
     assert {("proposer", "proposer"), ("writer", "writer"), ("consolidator", "consolidator")} <= served
-    # ...and so were every other system's (the demo's teacher is the student base, which that server holds): the
-    # server answered at least one request per call booked by all six systems.
+    # ...and so were every other system's and the teacher's traces (the demo's teacher is the student base, which
+    # that one server holds from the start): it answered at least one request per call booked by the teacher's
+    # traces and by all six systems, and it got the three adapters at run time, after training.
     server_log = (out / "logs" / "serve-vllm.log").read_text(errors="replace")
     requests = server_log.count("POST /v1/chat/completions") + server_log.count("POST /v1/completions")
-    assert requests >= sum(row["cost"]["calls"] for row in results) > 0
+    teacher_calls = sum(json.loads(line)["cost"]["calls"] for line in (traces[0].parent / "answers.jsonl").open())
+    assert requests >= teacher_calls + sum(row["cost"]["calls"] for row in results) > teacher_calls > 0
+    assert server_log.count("POST /v1/load_lora_adapter HTTP/1.1\" 200") == 3
+    assert server_log.count("Starting vLLM") == 1 == server_log.count("Application startup complete")  # one start
 
     # The paper's analyses (momentum, drift, stop rounds) from the demo's own eval runs, in one command.
     analysis = subprocess.run(

@@ -45,3 +45,21 @@ def test_requests_spread_least_loaded_round_robin():
 def test_empty_url_list_is_a_config_error():
     with pytest.raises(MapsTrainError, match="backend.base_urls: empty"):
         OpenAIBackend(BackendConfig(base_urls=[]))
+
+
+def test_server_wait_gives_a_starting_server_time_then_one_line():
+    """`backend.server_wait_s`: the first request waits for /health (here nothing ever answers) up to the wait,
+    then fails in one line naming the setting, without spending the retries on a server that is still starting."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    recipe = Recipe(
+        backend=BackendConfig(base_urls=[url], server_wait_s=2.0, max_retries=0, request_timeout_s=2),
+        roles={"default": RoleRoute(backend="openai", adapter="writer")},
+    )
+    router = build_router(recipe)
+    start = time.perf_counter()
+    with pytest.raises(MapsTrainError, match=r"backend.server_wait_s: http://127.0.0.1:\d+/health did not answer "
+                                             r"within 2s") as err:
+        router.generate([ChatRequest(role="writer", messages=[{"role": "user", "content": "hi"}])])
+    assert "\n" not in str(err.value)
+    assert 2.0 <= time.perf_counter() - start < 30  # it did wait
+    router.close()

@@ -31,6 +31,8 @@ import time
 from collections import Counter
 from typing import Any
 
+import httpx  # here, not in the loop threads: backends built at once by parallel suite runs raced on its import
+
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import (
     CallSpec,
@@ -88,6 +90,8 @@ class OpenAIBackend:
         from openai import AsyncOpenAI
 
         self._slots = {u: asyncio.Semaphore(max(1, self.config.concurrency)) for u in self.urls}
+        self._up: set[str] = set()  # servers whose /health answered (backend.server_wait_s)
+        self._up_lock = asyncio.Lock()
         return {
             u: AsyncOpenAI(
                 base_url=u, api_key=api_key(self.config), timeout=self.config.request_timeout_s, max_retries=0
@@ -127,6 +131,29 @@ class OpenAIBackend:
                 raise MapsTrainError(
                     f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})"
                 ) from None
+
+    async def _ready(self, url: str) -> None:
+        """With `backend.server_wait_s`, the first request to a server waits until its /health answers: a run may
+        start while its server is still starting. Past the wait, one MapsTrainError line."""
+        if self.config.server_wait_s <= 0 or url in self._up:
+            return
+        async with self._up_lock:
+            if url in self._up:
+                return
+            health = url.removesuffix("/v1") + "/health"
+            deadline = time.monotonic() + self.config.server_wait_s
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while True:
+                    try:
+                        if (await client.get(health)).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise MapsTrainError(f"backend.server_wait_s: {health} did not answer within "
+                                             f"{self.config.server_wait_s:.0f}s")
+                    await asyncio.sleep(0.5)
+            self._up.add(url)
 
     async def _base_name(self, url: str) -> str:
         """The server's base model id (the model card without a parent adapter)."""
@@ -216,6 +243,7 @@ class OpenAIBackend:
         raw = spec.request.raw_continuation is not None
         try:
             async with self._slots[url]:
+                await self._ready(url)
                 served_name = adapter_name(spec.adapter) if spec.adapter and "/" in spec.adapter else spec.adapter
                 model = served_name or await self._base_name(url)
                 start = time.perf_counter()
