@@ -49,7 +49,7 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
     teacher_calls = sum(json.loads(line)["cost"]["calls"] for line in (traces[0].parent / "answers.jsonl").open())
     assert requests >= teacher_calls + sum(row["cost"]["calls"] for row in results) > teacher_calls > 0
     assert server_log.count("POST /v1/load_lora_adapter HTTP/1.1\" 200") == 3
-    assert server_log.count("Starting vLLM") == 1 == server_log.count("Application startup complete")  # one start
+    assert server_log.count("Application startup complete") == 1  # one server start (uvicorn's line)
 
     # The paper's analyses (momentum, drift, stop rounds) from the demo's own eval runs, in one command.
     analysis = subprocess.run(
