@@ -27,14 +27,16 @@ OPS = ("bgmv_expand", "bgmv_expand_slice", "bgmv_shrink", "sgmv_expand", "sgmv_e
 SWITCH = "MAPS_TRAIN_VLLM_CPU_LORA"
 
 
+def _stacked(weights: torch.Tensor) -> torch.Tensor:
+    """vLLM's stacked LoRA A or B matrices, [slots, out, in] or [slots, 1, out, in], as [slots, out, in]."""
+    return weights.squeeze(1) if weights.dim() == 4 else weights
+
+
 def lora_groups(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                 dtype: torch.dtype) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
     """(rows, inputs[rows] @ weights[adapter].T) for each adapter present in `indices`; rows is None when the
-    adapter covers every row. Rows whose index is -1 (no adapter) are in no group: they cost nothing.
-
-    `weights` is [slots, out, in] or [slots, 1, out, in] (vLLM's stacked LoRA A or B matrices)."""
-    if weights.dim() == 4:
-        weights = weights.squeeze(1)
+    adapter covers every row. Rows whose index is -1 (no adapter) are in no group: they cost nothing."""
+    weights = _stacked(weights)
     indices = indices[: inputs.shape[0]]
     adapters = [adapter for adapter in torch.unique(indices).tolist() if adapter >= 0]
     if not adapters:
@@ -52,22 +54,20 @@ def lora_groups(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
 def grouped_lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                         dtype: torch.dtype) -> torch.Tensor:
     """Row i of the result is `inputs[i] @ weights[indices[i]].T`, and zero where `indices[i] < 0`."""
-    if weights.dim() == 4:
-        weights = weights.squeeze(1)
-    outputs = inputs.new_zeros(inputs.shape[0], weights.shape[1], dtype=dtype)
-    for rows, values in lora_groups(inputs, weights, indices, dtype):
-        if rows is None:
-            return values
-        outputs.index_copy_(0, rows, values)
+    outputs = inputs.new_zeros(inputs.shape[0], _stacked(weights).shape[1], dtype=dtype)
+    _write(outputs, lora_groups(inputs, weights, indices, dtype), add=False)
     return outputs
 
 
 def _write(target: torch.Tensor, groups, add: bool, scaling: float = 1.0) -> None:
-    """target (+)= the groups' products on their rows; rows in no group get 0 (assign) or stay (add)."""
+    """target (+)= the groups' products on their rows; rows in no group get 0 (assign) or stay (add). A group
+    covering every row may be one row broadcast over all of target's."""
     if not add and not (groups and groups[0][0] is None):
         target.zero_()
     for rows, values in groups:
-        values = values[:, : target.shape[1]] * scaling if scaling != 1.0 else values[:, : target.shape[1]]
+        values = values[:, : target.shape[1]]
+        if scaling != 1.0:
+            values = values * scaling
         if rows is None:
             target.add_(values) if add else target.copy_(values)
         else:
@@ -80,23 +80,16 @@ def _per_token(lora_indices: torch.Tensor, seq_len_tensor: torch.Tensor) -> torc
 
 def bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling: float = 1.0):
     groups = lora_groups(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
-    rank = (lora_a_weights.squeeze(1) if lora_a_weights.dim() == 4 else lora_a_weights).shape[1]
+    rank = _stacked(lora_a_weights).shape[1]
     _write(output_tensor[: inputs.shape[0], :rank], groups, add=False, scaling=scaling)
 
 
 def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs: bool = True):
-    if inputs.shape[0] == 1 and output_tensor.shape[0] != 1:  # one row broadcast over the output (the reference's)
-        outputs = grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-        common = min(outputs.shape[1], output_tensor.shape[1])
-        if add_inputs:
-            output_tensor[:, :common] += outputs[:1, :common]
-        else:
-            output_tensor[:, :common] = outputs[:1, :common]
-        return
     groups = lora_groups(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-    out_features = (lora_b_weights.squeeze(1) if lora_b_weights.dim() == 4 else lora_b_weights).shape[1]
-    common = min(out_features, output_tensor.shape[1])  # adapter and model may pad differently
-    _write(output_tensor[: inputs.shape[0], :common], groups, add=add_inputs)
+    common = min(_stacked(lora_b_weights).shape[1], output_tensor.shape[1])  # adapter and model may pad differently
+    # One input row against a longer output: that row's term broadcast over every output row (as the reference does).
+    broadcast = inputs.shape[0] == 1 and output_tensor.shape[0] != 1
+    _write(output_tensor[:, :common] if broadcast else output_tensor[: inputs.shape[0], :common], groups, add=add_inputs)
 
 
 def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset: int,
