@@ -10,7 +10,7 @@ projection, softmax statistics and their backward on positions whose result is m
 training step of the demo's consolidator adapter (py-spy, SmolLM2-135M, 49,152-token vocabulary, 2 ranks).
 
 `score_labelled_positions_only()` makes the fused head compact on the CPU as well. The loss, the gradients and
-TRL's logged metrics (entropy, token accuracy) are the same, only computed on fewer rows (tests/test_train.py
+TRL's logged metrics (entropy, token accuracy) are the same, only computed on fewer rows (tests/test_lm_head.py
 compares them with and without). It changes one decision inside TRL, `trl.trainer.utils._use_triton` as read by
 the fused forward, and nothing else: the kernel module keeps its own binding, so the CPU still runs TRL's torch
 tiles, not Triton. A TRL without that name is left alone (training stays correct, only slower) with a warning.
