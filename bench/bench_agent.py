@@ -2,9 +2,12 @@
 batches (one backend call per role per step), and continuous (every question on its own, calls batched by the
 engine as they come: `agent.schedule`), plus the backend's raw throughput on exactly the role calls the continuous
 run made, replayed in one continuously batched `generate` with no parsing or retrieval, so the engine's efficiency
-is a ratio.
+is a ratio; and those calls' prefill alone (one generated token), batched and one at a time, which splits where
+batching pays (decode) from where it cannot (prefill, compute-bound on a CPU): `one at a time / raw` is the
+ceiling of any schedule on this backend. Every mode and replay starts with an empty prefix cache.
 
-    .venv/bin/python bench/bench_agent.py --backend vllm --questions 64 [--modes one,step,continuous,raw]
+    .venv/bin/python bench/bench_agent.py --backend vllm --questions 64 --rounds 2 --directions 2 --top-k 3 \
+        --max-tokens 192 --passage-words 60   # the demo teacher's settings [--modes one,step,continuous,raw,prefill]
 
 Backends: `vllm` = SmolLM2-135M-Instruct on the vLLM engine with the role JSON schemas (constrained decoding), as
 the demo's teacher; `hf` = the tiny Qwen3 through transformers (random weights; continuous then coalesces calls,
@@ -67,14 +70,24 @@ def run(recipe, questions, out, router, retriever, schedule, batch_size):
     from maps_train.agents import run_method
 
     recipe.agent.schedule, recipe.agent.batch_size, recipe.agent.concurrency = schedule, batch_size, batch_size
+    cold(router)
     backend, search = Timed(router, "generate", keep=True), Timed(retriever, "search")
     start = time.perf_counter()
     records = run_method(recipe, questions, out, backend=backend, retriever=search, progress=False)
     return records, time.perf_counter() - start, backend, search
 
 
+def cold(router) -> None:
+    """Empty the vLLM engine's prefix cache, so that no mode (and not the raw replay) starts on the KV blocks of the
+    same prompts computed by the mode before it."""
+    backend = router.backend(router.route("default"))
+    if getattr(backend, "llm", None) is not None:
+        backend.llm.reset_prefix_cache()
+
+
 def replay(router, requests) -> float:
     """The backend alone on exactly these role calls: one `generate`, batched continuously by the engine."""
+    cold(router)
     start = time.perf_counter()
     completions = router.generate(requests)
     raw = time.perf_counter() - start
@@ -82,6 +95,27 @@ def replay(router, requests) -> float:
     print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
           f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
     return raw
+
+
+def prefill_split(router, requests) -> dict[str, float]:
+    """The same role calls cut to one generated token (their prefill, cold cache): all in one `generate`, then one
+    call at a time. Their difference from the full runs is the decode, where batching pays; prefill is compute
+    either way, so `one at a time / raw` is the most any schedule can gain on this backend."""
+    from dataclasses import replace
+
+    first_token = [replace(request, max_tokens=1) for request in requests]
+    cold(router)
+    start = time.perf_counter()
+    router.generate(first_token)
+    batched = time.perf_counter() - start
+    cold(router)
+    start = time.perf_counter()
+    for request in first_token:
+        router.generate([request])
+    single = time.perf_counter() - start
+    print(f"{'prefill only':>17}: {batched:7.1f} s batched, {single:.1f} s one call at a time "
+          f"(the same {len(requests)} calls with max_tokens=1)")
+    return {"prefill_raw": batched, "prefill_one": single}
 
 
 def main() -> None:
@@ -94,7 +128,9 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--passage-words", type=int, default=120, help="agent.max_passage_words")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--modes", default="one,step,continuous,raw", help="comma-separated: one,step,continuous,raw")
+    parser.add_argument("--modes", default="one,step,continuous,raw,prefill",
+                        help="comma-separated: one,step,continuous,raw,prefill (the last two replay the continuous run)")
+    parser.add_argument("--dtype", default="float32", help="backend.dtype (auto: the platform's default)")
     args = parser.parse_args()
 
     import torch
@@ -104,6 +140,7 @@ def main() -> None:
     from maps_train.models import resolve_model
     from maps_train.questions import load_questions
     from maps_train.recipe import load_recipe
+    from maps_train.records.metrics import cover_em
     from maps_train.retrieval.factory import build_retriever
 
     if args.threads:
@@ -114,7 +151,7 @@ def main() -> None:
         f"retrieval.corpus={root / 'corpus.jsonl'}",
         "retrieval.encoder=builtin:minilm-l6",
         "retrieval.fp16=false",
-        "backend.dtype=float32",
+        f"backend.dtype={args.dtype}",
         "backend.hf_batch_size=64",
         *(
             ["roles.default.backend=hf", f"roles.default.model={resolve_model('builtin:tiny-qwen3')}"]
@@ -135,6 +172,7 @@ def main() -> None:
     ]
     recipe = load_recipe(None, overrides)
     questions = load_questions(root / "questions.jsonl")
+    gold = {q.id: q.golden_answers for q in questions}
     retriever = build_retriever(recipe.retrieval)  # builds the index (once)
     router = build_router(recipe)
     run(recipe, questions[:2], root / "warmup", router, retriever, "step", 2)  # load the model, warm the kernels
@@ -142,7 +180,8 @@ def main() -> None:
     modes = args.modes.split(",")
     print(
         f"{args.backend}: {len(questions)} questions, {args.rounds} rounds, N={args.directions}, top-{args.top_k}, "
-        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, torch threads {torch.get_num_threads()}, "
+        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, dtype {args.dtype}, "
+        f"torch threads {torch.get_num_threads()}, "
         f"{os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
     )
     plan = {"step": ("step-synchronous", "step", len(questions)),
@@ -155,21 +194,33 @@ def main() -> None:
         calls = sum(r.cost.calls for r in records)
         prompt = sum(r.cost.prompt_tokens for r in records)
         completion = sum(r.cost.completion_tokens for r in records)
+        covered = sum(cover_em(r.answer or "", gold[r.question_id]) for r in records)
+        fallbacks = sum(sum(r.parse_failures.values()) for r in records)
         print(
             f"{label:>17}: {took:7.1f} s  {len(records) / took:6.2f} questions/s | {calls} role calls in "
             f"{backend.calls} generate() ({backend.seconds:.1f} s), {search.calls} search() ({search.seconds:.1f} s) "
-            f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds"
+            f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds "
+            f"| Cover-EM {covered:.0f}/{len(records)}, {fallbacks} parse fallbacks"
         )
         if mode == "continuous" and "raw" in modes:
             seconds["raw"] = replay(router, backend.kept)
+        if mode == "continuous" and "prefill" in modes:
+            seconds.update(prefill_split(router, backend.kept))
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     for a, b, what in (("one", "continuous", "continuous vs one at a time"),
                        ("step", "continuous", "continuous vs step-synchronous"),
                        ("one", "step", "step-synchronous vs one at a time"),
-                       ("continuous", "raw", "engine vs raw backend (same calls)")):
+                       ("continuous", "raw", "engine vs raw backend (same calls)"),
+                       ("one", "raw", "one at a time vs raw backend (ceiling)")):
         if a in seconds and b in seconds:
-            print(f"{what:>36}: {seconds[a] / seconds[b]:.2f}x" if b != "raw" else
-                  f"{what:>36}: {seconds[b] / seconds[a]:.2f} of the backend's throughput")
+            print(f"{what:>36}: {seconds[b] / seconds[a]:.2f} of the backend's throughput" if a == "continuous"
+                  and b == "raw" else f"{what:>36}: {seconds[a] / seconds[b]:.2f}x")
+    if {"prefill_raw", "prefill_one", "raw", "one"} <= seconds.keys():
+        raw_decode, one_decode = seconds["raw"] - seconds["prefill_raw"], seconds["one"] - seconds["prefill_one"]
+        print(f"{'prefill, one at a time vs batched':>36}: {seconds['prefill_one'] / seconds['prefill_raw']:.2f}x "
+              f"({seconds['prefill_raw'] / seconds['raw']:.0%} of the raw run)")
+        print(f"{'the rest, one at a time vs batched':>36}: {one_decode / max(raw_decode, 1e-9):.2f}x "
+              f"(decode, and for one at a time parsing and retrieval too)")
     router.close()
 
 
