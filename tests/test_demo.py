@@ -11,8 +11,9 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # its own subprocess budgets (1800 s + 600 s), not the suite's 900 s: the quick demo took
-# 495 s alone on a Zen 4 machine and passed 900 s on an AVX2-only one with a CI run beside it
+# Its own subprocess budgets (1800 s + 600 s), not the suite's 900 s: the quick demo took 495 s alone on a Zen 4
+# machine, and was still training at 900 s on an AVX2-only one with a CI run beside it.
+@pytest.mark.timeout(2400)
 def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm):
     out = tmp_path / "demo"
     env = dict(os.environ)
