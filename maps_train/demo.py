@@ -254,8 +254,10 @@ def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, ser
     recipe = str(recipe_path)
     timings: dict[str, float] = {}
     from maps_train.recipe import load_recipe
+    from maps_train.serve.server import ensure_port_free
 
     serve = load_recipe(recipe).serve
+    ensure_port_free(serve.host, serve.port)  # the steps would reach another server's /health, and its model
     server = ServerWatch(recipe_path, logs, env, serve.port, serve.host)
     try:
         timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env, server)

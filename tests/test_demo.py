@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
+from fixtures_llm import free_port
 
 
 @pytest.mark.slow
@@ -17,8 +19,8 @@ import pytest
 def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm):
     out = tmp_path / "demo"
     env = dict(os.environ)
-    done = subprocess.run(
-        [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(out)],
+    done = subprocess.run(  # its own port: a user's `make demo` on the recipe's 8011 may be running
+        [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(out), f"serve.port={free_port()}"],
         cwd=repo_root, env=env, capture_output=True, text=True, timeout=1800,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -69,3 +71,22 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
     assert (out / "eval" / "cover_em_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "wandb").rglob("offline-run-*")), "no offline W&B run"
     assert "artefacts" in done.stdout
+
+
+def test_demo_refuses_a_taken_port_before_any_step(tmp_path, repo_root):
+    """Another server on the demo's port (a second demo, say): one line, and no step starts. Without the check the
+    steps would wait for /health, get the other server's answer and send it the teacher's requests."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(tmp_path / "demo"),
+             f"serve.port={port}"],
+            cwd=repo_root, capture_output=True, text=True, timeout=300,
+        )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"maps-train: error: serve.port {port} on 127.0.0.1 is taken (Address already in use): another server is "
+        f"listening there; stop it or pick a free port (serve.port=...)"]
+    assert not (tmp_path / "demo" / "logs").exists() and not (tmp_path / "demo" / "index").exists()

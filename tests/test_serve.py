@@ -220,3 +220,50 @@ def test_server_that_dies_while_starting_is_one_line(tmp_path, adapters_dir):
     with pytest.raises(MapsTrainError, match=r"^vllm serve exited with code 3: ValueError: no such flag$"):
         VLLMServer(plan, log_path=log, timeout_s=30).start()
     assert "loading" in log.read_text()
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path, adapters_dir):
+    """Something already listens on serve.port: the server is refused in one line and no process starts. Without
+    the check, the waiting side would see the other server's /health answer 200 and send it our requests."""
+    import socket
+
+    from maps_train.serve.server import VLLMServer, ensure_port_free
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        plan = plan_server(load_recipe(str(write_recipe(tmp_path, adapters_dir, serve={"port": port}))))
+        plan.command = [sys.executable, "-c", "raise SystemExit('must not run')"]
+        server = VLLMServer(plan, timeout_s=5)
+        with pytest.raises(MapsTrainError, match=rf"^serve\.port {port} on 127\.0\.0\.1 is taken .*serve\.port=\.\.\.\)$"):
+            server.start()
+        assert server.process is None
+
+        result = subprocess.run(  # the command, as a user runs it
+            [sys.executable, "-m", "maps_train.cli", "serve", str(write_recipe(tmp_path, adapters_dir,
+                                                                               serve={"port": port}))],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert result.returncode == 2
+        error = result.stderr.strip().splitlines()
+        assert len(error) == 1 and error[0].startswith(f"maps-train: error: serve.port {port} on 127.0.0.1 is taken")
+    ensure_port_free("127.0.0.1", port)  # free again once the listener is closed
+
+
+def test_a_port_just_released_counts_as_free():
+    """A server that just stopped leaves its port in TIME_WAIT after a connection; that is not taken."""
+    import socket
+
+    from maps_train.serve.server import ensure_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's (asyncio's) server socket
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end of the connection goes to TIME_WAIT
+        client.close()
+    ensure_port_free("127.0.0.1", port)

