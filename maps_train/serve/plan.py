@@ -11,7 +11,7 @@ from pathlib import Path
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import model_can_think
 from maps_train.models.resolve import resolve_model
-from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_on_cpu
+from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_dtype, vllm_on_cpu
 from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for /v1/load_lora_adapter
@@ -126,7 +126,7 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
         *loaded,
         "--max-loras", str(lora_slots(len(adapters), cpu=vllm_on_cpu())),
         "--max-lora-rank", str(max_rank),
-        "--dtype", backend.dtype,
+        "--dtype", vllm_dtype(backend.dtype, cpu=vllm_on_cpu()),
         "--max-model-len", str(backend.max_model_len),
         # Render prompts exactly as training did (Qwen3 thinking on/off), whatever the client sends by default.
         "--default-chat-template-kwargs", json.dumps(thinking),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.platform import cpu_multiplies_bf16
 from maps_train.tracking import artifact_name, wandb_environment
 from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
 
@@ -47,15 +48,6 @@ def distributed_state():
     from accelerate import PartialState
 
     return PartialState(cpu=on_cpu())
-
-
-def cpu_multiplies_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX). There oneDNN multiplies bf16 at several
-    times the float32 rate (5x on one Zen 4 core: 400 vs 80 GFLOP/s); elsewhere bf16 is emulated, and slower."""
-    import torch
-
-    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return any(check() for check in checks if check is not None)
 
 
 def choose_precision(train) -> Precision:
