@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from maps_train.platform import apply_runtime_defaults  # noqa: E402
@@ -85,15 +86,36 @@ def cold(router) -> None:
         backend.llm.reset_prefix_cache()
 
 
+def engine_steps(router) -> Counter:
+    """Seconds the vLLM engine spent stepping so far, by requests in flight (empty for other backends)."""
+    from maps_train.llm.vllm_backend import VLLMBackend
+
+    backend = router.backend(router.route("default"))
+    return Counter(backend.loop.step_seconds) if isinstance(backend, VLLMBackend) else Counter()
+
+
+def busy_line(before: Counter, after: Counter, wall: float) -> str:
+    """How a run kept the engine busy: its stepping time by batch size, and the rest of the wall time (idle)."""
+    steps = after - before
+    if not steps:
+        return ""
+    busy = sum(steps.values())
+    buckets = ", ".join(f"{n}{'+' if n else ''}: {steps[n]:.1f}" for n in sorted(steps, reverse=True))
+    return (f"{'':>19}engine busy {busy:.1f} s, idle {wall - busy:.1f} s; busy by requests in flight "
+            f"(s): {buckets}")
+
+
 def replay(router, requests) -> float:
     """The backend alone on exactly these role calls: one `generate`, batched continuously by the engine."""
     cold(router)
+    before = engine_steps(router)
     start = time.perf_counter()
     completions = router.generate(requests)
     raw = time.perf_counter() - start
     tokens = sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
     print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
           f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
+    print(busy_line(before, engine_steps(router), raw))
     return raw
 
 
@@ -130,7 +152,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--modes", default="one,step,continuous,raw,prefill",
                         help="comma-separated: one,step,continuous,raw,prefill (the last two replay the continuous run)")
-    parser.add_argument("--dtype", default="float32", help="backend.dtype (auto: the platform's default)")
+    parser.add_argument("--dtype", default="auto",
+                        help="backend.dtype (auto, the demo teacher's: bfloat16 where the CPU multiplies bf16)")
     args = parser.parse_args()
 
     import torch
@@ -138,6 +161,7 @@ def main() -> None:
 
     from maps_train.llm.router import build_router
     from maps_train.models import resolve_model
+    from maps_train.platform import vllm_dtype, vllm_on_cpu
     from maps_train.questions import load_questions
     from maps_train.recipe import load_recipe
     from maps_train.records.metrics import cover_em
@@ -178,9 +202,10 @@ def main() -> None:
     run(recipe, questions[:2], root / "warmup", router, retriever, "step", 2)  # load the model, warm the kernels
 
     modes = args.modes.split(",")
+    resolved_dtype = args.dtype if args.backend == "hf" else vllm_dtype(args.dtype, vllm_on_cpu())
     print(
         f"{args.backend}: {len(questions)} questions, {args.rounds} rounds, N={args.directions}, top-{args.top_k}, "
-        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, dtype {args.dtype}, "
+        f"{args.passage_words} words/passage, max_tokens={args.max_tokens}, dtype {resolved_dtype}, "
         f"torch threads {torch.get_num_threads()}, "
         f"{os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
     )
@@ -189,6 +214,7 @@ def main() -> None:
     seconds = {}
     for mode in [m for m in plan if m in modes]:  # the slowest (one at a time) last
         label, schedule, size = plan[mode]
+        before = engine_steps(router)
         records, took, backend, search = run(recipe, questions, root / mode, router, retriever, schedule, size)
         seconds[mode] = took
         calls = sum(r.cost.calls for r in records)
@@ -202,6 +228,7 @@ def main() -> None:
             f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds "
             f"| Cover-EM {covered:.0f}/{len(records)}, {fallbacks} parse fallbacks"
         )
+        print(busy_line(before, engine_steps(router), took))
         if mode == "continuous" and "raw" in modes:
             seconds["raw"] = replay(router, backend.kept)
         if mode == "continuous" and "prefill" in modes:

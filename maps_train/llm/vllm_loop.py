@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,9 @@ class EngineLoop:
         self._error: BaseException | None = None
         self.steps = 0  # engine steps taken (for benchmarks)
         self.peak_running = 0  # the most requests in flight at once
+        # Seconds spent in engine steps, by requests in flight (the power of two at or below the count): where the
+        # engine ran with a small batch. Wall time minus their sum is time the engine sat idle.
+        self.step_seconds: Counter[int] = Counter()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -83,10 +87,13 @@ class EngineLoop:
                     return
                 if not engine.has_unfinished_requests():
                     continue
-                self.peak_running = max(self.peak_running, len(self._waiting))
+                running = len(self._waiting)
+                self.peak_running = max(self.peak_running, running)
+                started = time.perf_counter()
                 outputs = engine.step()
                 self.steps += 1
                 now = time.perf_counter()
+                self.step_seconds[1 << (running.bit_length() - 1) if running else 0] += now - started
                 for output in outputs:
                     if output.finished and output.request_id in self._waiting:
                         future, submitted = self._waiting.pop(output.request_id)
