@@ -94,15 +94,15 @@ def engine_steps(router) -> Counter:
     return Counter(backend.loop.step_seconds) if isinstance(backend, VLLMBackend) else Counter()
 
 
-def busy_line(before: Counter, after: Counter, wall: float) -> str:
-    """How a run kept the engine busy: its stepping time by batch size, and the rest of the wall time (idle)."""
+def print_busy(before: Counter, after: Counter, wall: float) -> None:
+    """How a run kept the vLLM engine busy: its stepping time by batch size, and the rest of the wall time (idle).
+    Nothing for a backend without an engine loop."""
     steps = after - before
     if not steps:
-        return ""
+        return
     busy = sum(steps.values())
     buckets = ", ".join(f"{n}{'+' if n else ''}: {steps[n]:.1f}" for n in sorted(steps, reverse=True))
-    return (f"{'':>19}engine busy {busy:.1f} s, idle {wall - busy:.1f} s; busy by requests in flight "
-            f"(s): {buckets}")
+    print(f"{'':>19}engine busy {busy:.1f} s, idle {wall - busy:.1f} s; busy by requests in flight (s): {buckets}")
 
 
 def replay(router, requests) -> float:
@@ -115,7 +115,7 @@ def replay(router, requests) -> float:
     tokens = sum(c.prompt_tokens for c in completions), sum(c.completion_tokens for c in completions)
     print(f"{'raw backend':>17}: {raw:7.1f} s  the continuous run's {len(requests)} role calls replayed in one "
           f"generate() | {tokens[0]} prompt + {tokens[1]} completion tokens")
-    print(busy_line(before, engine_steps(router), raw))
+    print_busy(before, engine_steps(router), raw)
     return raw
 
 
@@ -228,7 +228,7 @@ def main() -> None:
             f"| {prompt} prompt + {completion} completion tokens, {sum(r.rounds for r in records)} rounds "
             f"| Cover-EM {covered:.0f}/{len(records)}, {fallbacks} parse fallbacks"
         )
-        print(busy_line(before, engine_steps(router), took))
+        print_busy(before, engine_steps(router), took)
         if mode == "continuous" and "raw" in modes:
             seconds["raw"] = replay(router, backend.kept)
         if mode == "continuous" and "prefill" in modes:
