@@ -257,7 +257,9 @@ def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, ser
     from maps_train.serve.server import ensure_port_free
 
     serve = load_recipe(recipe).serve
-    ensure_port_free(serve.host, serve.port)  # the steps would reach another server's /health, and its model
+    # `maps-train serve` checks the port too, but only after its own start-up; the steps poll /health from the
+    # start, and would take another server's answer (and send it the teacher's requests) before then.
+    ensure_port_free(serve.host, serve.port)
     server = ServerWatch(recipe_path, logs, env, serve.port, serve.host)
     try:
         timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env, server)
