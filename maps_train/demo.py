@@ -149,9 +149,10 @@ class ServerWatch:
         self.healthy_after_s: float | None = None
         self.step: subprocess.Popen | None = None
         self.stopping = False
-        with self.log.open("a") as handle:
-            self.process = subprocess.Popen(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+        from maps_train.serve.server import start_process_group
+
+        with self.log.open("a") as handle:  # a demo killed outright takes its server down with it
+            self.process = start_process_group(_command(*args), stdout=handle, stderr=subprocess.STDOUT, env=env)
         threading.Thread(target=self._watch, daemon=True, name="demo-server-watch").start()
 
     def _watch(self) -> None:
@@ -177,12 +178,13 @@ class ServerWatch:
             raise MapsTrainError(f"demo step 'serve' exited with code {self.process.returncode}; see {self.log}")
 
     def stop(self) -> None:
-        import signal
-
+        """SIGTERM, which `maps-train serve` handles as it does Ctrl-C (it stops vLLM's process group, then exits).
+        Not SIGINT: a demo started in the background of a script or CI job inherits SIGINT ignored, and so does its
+        server, which then sat out the grace period and was killed without stopping vLLM."""
         from maps_train.serve.server import stop_process_group
 
         self.stopping = True
-        stop_process_group(self.process, first=signal.SIGINT, grace_s=60)  # `maps-train serve` stops cleanly on Ctrl-C
+        stop_process_group(self.process, grace_s=60)
 
 
 def role_parse_rates(eval_dir: Path, system: str) -> dict[str, tuple[int, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,13 +18,25 @@ from fixtures_llm import free_port
 # machine, and was still training at 900 s on an AVX2-only one with a CI run beside it.
 @pytest.mark.timeout(2400)
 def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm):
+    import psutil
+
+    from maps_train.serve.server import ensure_port_free
+
     out = tmp_path / "demo"
     env = dict(os.environ)
-    done = subprocess.run(  # its own port: a user's `make demo` on the recipe's 8011 may be running
-        [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(out), f"serve.port={free_port()}"],
+    port = free_port()  # its own port: a user's `make demo` on the recipe's 8011 may be running
+    done = subprocess.run(  # SIGINT ignored, as a background job of a script or CI step inherits it
+        [sys.executable, "-m", "maps_train.cli", "demo", "--quick", "--out", str(out), f"serve.port={port}"],
         cwd=repo_root, env=env, capture_output=True, text=True, timeout=1800,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The demo stopped its server, vLLM included: nothing listens on its port, and no vLLM process is left behind
+    # (the demo used to stop it with a SIGINT, which such a job ignores, and left vLLM running orphaned).
+    ensure_port_free("127.0.0.1", port)
+    left = [" ".join(proc.info["cmdline"] or []) for proc in psutil.process_iter(["cmdline"])]
+    left = [command for command in left if f"--port {port}" in command]
+    assert not left, left
 
     # Every stage left its artefact.
     assert (out / "index" / "manifest.json").is_file()

@@ -269,6 +269,56 @@ def test_a_port_just_released_counts_as_free():
     ensure_port_free("127.0.0.1", port)
 
 
+STARTER = """
+import sys, time
+from maps_train.serve.server import start_process_group
+server = start_process_group([sys.executable, "-c", sys.argv[1]])
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+SERVER = """
+import signal, sys, time
+def stop(signum, frame):
+    open(sys.argv[1], "w").write("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1], "w").write("ready")
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_stops_when_its_starter_is_killed_outright(tmp_path):
+    """`maps-train serve` and the demo start their server in its own session (a Ctrl-C meant for them must not hit
+    vLLM first), so a SIGKILL of the starter used to leave the server running, orphaned, on its port. Now the
+    server gets a SIGTERM the moment its starter dies, however it dies."""
+    import os
+    import signal
+    import time
+
+    marker = tmp_path / "server-stopped"
+    server_code = SERVER.replace("sys.argv[1]", repr(str(marker)))
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, server_code], stdout=subprocess.PIPE, text=True,
+                               cwd=REPO)
+    try:
+        server_pid = int(starter.stdout.readline())
+        assert os.getsid(server_pid) == server_pid  # its own session: the starter's Ctrl-C does not reach it
+
+        def wait_for(text: str) -> str:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (not marker.exists() or marker.read_text() != text):
+                time.sleep(0.05)
+            return marker.read_text() if marker.exists() else "nothing"
+
+        assert wait_for("ready") == "ready"  # its SIGTERM handler is in place
+        starter.send_signal(signal.SIGKILL)
+        starter.wait(timeout=10)
+        assert wait_for("SIGTERM") == "SIGTERM"
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+
+
 @pytest.mark.parametrize("multiplies_bf16, expected", [(True, "bfloat16"), (False, "float32")])
 def test_auto_dtype_follows_the_cpus_bf16_instructions_in_server_and_engine(
     tmp_path, adapters_dir, smollm2, monkeypatch, multiplies_bf16, expected

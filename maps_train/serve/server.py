@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +58,31 @@ def wait_until_healthy(
     raise MapsTrainError(f"server did not become healthy at {health_url} within {timeout_s:.0f}s")
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when the process that started it dies, however it dies
+    (Linux's PR_SET_PDEATHSIG; None elsewhere). libc is loaded here, before the fork: the child only calls prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_death_signal
+
+
+def start_process_group(command: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start a long-lived server `command` in its own session, so a Ctrl-C meant for its starter does not reach it
+    (the starter stops it with `stop_process_group`), and tied to the starter's life: should the starter be killed
+    outright (SIGKILL, no chance to clean up), the server still gets a SIGTERM instead of running on orphaned."""
+    return subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent(), **popen_kwargs)
+
+
 def stop_process_group(process: subprocess.Popen, first: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
     """`first` to the process group of a server started with start_new_session=True (API server, engine core,
     workers), SIGKILL after `grace_s`; then reap it."""
@@ -104,10 +130,9 @@ class VLLMServer:
         # vLLM-CPU reads its KV-cache size and core binding from the environment (ignored on GPU builds).
         env = apply_runtime_defaults(dict(os.environ), kv_cache_gib=self.plan.cpu_kv_cache_gib)
         env.update(self.plan.env)
-        self.process = subprocess.Popen(
-            self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-            start_new_session=True,  # Ctrl-C reaches us, not vLLM: stop() then ends its whole process group
-        )
+        # Ctrl-C reaches us, not vLLM: stop() then ends its whole process group.
+        self.process = start_process_group(self.plan.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           text=True, env=env)
         Thread(target=self._pump, daemon=True).start()
         try:
             self.wait_healthy()
