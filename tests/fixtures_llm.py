@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from maps_train.serve.server import stop_process_group, wait_until_healthy
+from maps_train.serve.server import start_process_group, stop_process_group, wait_until_healthy
 
 # Which heavy vLLM process is alive (engine or server), so the other can be stopped before starting.
 _HEAVY: dict[str, object] = {}
@@ -144,7 +144,8 @@ def start_vllm_server(
 
     env = apply_runtime_defaults(dict(os.environ))
     handle = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Its own session, and stopped with the test process even if that is killed outright (a CI timeout).
+    proc = start_process_group(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
     try:
         wait_until_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s, lambda code: f"vllm exited {code}; {log}")
     except BaseException:

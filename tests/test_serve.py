@@ -272,7 +272,7 @@ def test_a_port_just_released_counts_as_free():
 STARTER = """
 import sys, time
 from maps_train.serve.server import start_process_group
-server = start_process_group([sys.executable, "-c", sys.argv[1]])
+server = start_process_group([sys.executable, "-c", *sys.argv[1:]])
 print(server.pid, flush=True)
 time.sleep(600)
 """
@@ -297,9 +297,8 @@ def test_a_server_stops_when_its_starter_is_killed_outright(tmp_path):
     import time
 
     marker = tmp_path / "server-stopped"
-    server_code = SERVER.replace("sys.argv[1]", repr(str(marker)))
-    starter = subprocess.Popen([sys.executable, "-c", STARTER, server_code], stdout=subprocess.PIPE, text=True,
-                               cwd=REPO)
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, SERVER, str(marker)], stdout=subprocess.PIPE,
+                               text=True, cwd=REPO)
     try:
         server_pid = int(starter.stdout.readline())
         assert os.getsid(server_pid) == server_pid  # its own session: the starter's Ctrl-C does not reach it
