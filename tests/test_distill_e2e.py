@@ -31,8 +31,9 @@ from threading import Thread
 
 import pytest
 import yaml
-from fixtures_llm import _HEAVY, _stop_heavy, free_port
+from fixtures_llm import _HEAVY, _stop_heavy
 
+from maps_train.platform import free_port
 from maps_train.recipe import Recipe, load_recipe
 
 pytestmark = pytest.mark.slow
@@ -242,9 +243,12 @@ class ServeCommand:
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.descendants: list = []  # psutil processes the command started (the vLLM server's)
+        # SIGINT at its default, as in a terminal's foreground job: a test run started in the background (a CI
+        # step, `make test &`) inherits SIGINT ignored, and the command would never see the test's Ctrl-C
         self.process = subprocess.Popen(
             [sys.executable, "-m", "maps_train.cli", "serve", str(recipe_path), "--log", str(log)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         Thread(target=self._pump, daemon=True).start()
 
