@@ -103,10 +103,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
 
-    from fixtures_llm import build_lora_adapters, free_port, start_vllm_server
+    from fixtures_llm import build_lora_adapters, start_vllm_server
 
     from maps_train.llm.router import Router
     from maps_train.models import resolve_model
+    from maps_train.platform import free_port
     from maps_train.recipe import BackendConfig
     from maps_train.serve.server import stop_process_group
 

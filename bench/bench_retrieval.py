@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from maps_train.platform import apply_runtime_defaults  # noqa: E402
+from maps_train.platform import apply_runtime_defaults, free_port  # noqa: E402
 
 apply_runtime_defaults(offline=True)  # the vLLM-CPU binding and offline settings the Makefile used to set
 REPO = Path(__file__).resolve().parent.parent
@@ -38,12 +37,6 @@ def timed(function, *args, **kwargs):
 def best_of(repeats: int, function, *args, **kwargs) -> float:
     """Fastest of `repeats` runs: the machine is shared, and the minimum is the least disturbed figure."""
     return min(timed(function, *args, **kwargs)[1] for _ in range(repeats))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -65,6 +58,7 @@ def main() -> None:
     from maps_train.retrieval.corpus import Corpus
     from maps_train.retrieval.dense import DenseRetriever
     from maps_train.retrieval.encoders import Encoder
+    from maps_train.serve.server import start_process_group, stop_process_group
 
     work = Path(tempfile.mkdtemp(prefix="bench-retrieval-"))
     corpus_path = work / "corpus.jsonl"
@@ -124,20 +118,11 @@ def main() -> None:
 
     # ---- the HTTP service under concurrent clients ----
     port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "maps_train.cli",
-            "retrieve",
-            "serve",
-            "--index",
-            str(work / "index"),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    # its own session and tied to this process's life: a bench killed outright leaves no service on the port
+    server = start_process_group(
+        [sys.executable, "-m", "maps_train.cli", "retrieve", "serve", "--index", str(work / "index"), "--port",
+         str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=120, retries=0)
@@ -189,8 +174,7 @@ def main() -> None:
             f"service vs one in-process batch: {inproc_batched_s / service_s:.2f}x"
         )
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_process_group(server)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -57,8 +57,7 @@ def zero_adapters(base: str, out: Path, r: int = 8) -> Path:
 
 
 def make_recipe(work: Path, adapters: Path, args):
-    from fixtures_llm import free_port
-
+    from maps_train.platform import free_port
     from maps_train.recipe import load_recipe
 
     return load_recipe(None, [
@@ -130,10 +129,6 @@ def main() -> None:
     parser.add_argument("--lora-ops", default="grouped,reference",
                         help="LoRA op sets to run the LoRA server with (MAPS_TRAIN_VLLM_CPU_LORA), comma-separated")
     args = parser.parse_args()
-
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests"))  # free_port, shared with the test fixtures
 
     from maps_train.models import resolve_model
     from maps_train.questions import load_questions

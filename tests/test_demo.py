@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from fixtures_llm import free_port
+
+from maps_train.platform import free_port
 
 
 @pytest.mark.slow

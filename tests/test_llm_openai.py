@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from fixtures_llm import free_port
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
 from maps_train.llm.openai_backend import OpenAIBackend
 from maps_train.llm.router import build_router
+from maps_train.platform import free_port
 from maps_train.recipe import BackendConfig, Recipe, RoleRoute
 
 

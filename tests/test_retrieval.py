@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from maps_train.errors import MapsTrainError
+from maps_train.platform import free_port
 from maps_train.recipe import RetrievalConfig
 from maps_train.retrieval import Hit
 from maps_train.retrieval.build import EMBEDDINGS, INDEX_FILE, PROGRESS, build_dense_index
@@ -281,12 +281,6 @@ def test_cli_build_and_search(short_corpus, tmp_path):
 # ---- the HTTP service ----
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_service_under_concurrent_clients_matches_in_process(dense):
     import uvicorn
 
@@ -297,7 +291,7 @@ def test_service_under_concurrent_clients_matches_in_process(dense):
     expected = dense.search(QUERIES, k=5)
     by_query = dict(zip(QUERIES, expected))
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(dense, max_wait_ms=5), host="127.0.0.1", port=port, log_level="warning")
     )

@@ -332,7 +332,7 @@ def test_bf16_on_the_cpu_trains_under_autocast_where_the_cpu_multiplies_bf16(sft
 @pytest.fixture(scope="module")
 def per_role_adapters(sft_dir, tmp_path_factory) -> Path:
     """Three adapters trained in one 2-rank CPU launch (`--role all`, in sequence in the same ranks)."""
-    from maps_train.train.launch import free_port
+    from maps_train.platform import free_port
 
     root = tmp_path_factory.mktemp("per-role")
     recipe = write_recipe(root / "recipe.yaml", sft_dir, root / "adapters")

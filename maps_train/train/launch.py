@@ -9,19 +9,12 @@ every adapter still to train goes through one launch (`--role all`), which skips
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
-
-
-def free_port() -> int:
-    """A free TCP port for the rendezvous, so concurrent launches (CI, other jobs) do not collide on 29500."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from maps_train.platform import free_port
 
 
 def accelerate_args(
