@@ -36,10 +36,16 @@ def _stacked(weights: torch.Tensor) -> torch.Tensor:
 
 class RowAdapters:
     """Which adapter each row of one batch uses, worked out once per batch: the adapters present (slots >= 0),
-    whether one of them covers every row, and else a one-hot [rows, adapters] mask (all zero on -1 rows)."""
+    how to pick their weights out of vLLM's stacks (`slots`: a slice when they are consecutive, as vLLM fills them,
+    so the pick is a view), whether one of them covers every row, and else a one-hot [rows, adapters] mask (all
+    zero on -1 rows)."""
 
     def __init__(self, indices: torch.Tensor):
         self.adapters = [slot for slot in torch.unique(indices).tolist() if slot >= 0]
+        first = self.adapters[0] if self.adapters else 0
+        consecutive = self.adapters == list(range(first, first + len(self.adapters)))
+        self.slots = slice(first, first + len(self.adapters)) if consecutive else \
+            torch.tensor(self.adapters, device=indices.device)
         self.whole = len(self.adapters) == 1 and bool((indices == self.adapters[0]).all())
         self._onehot = None if self.whole or not self.adapters else \
             indices[:, None] == torch.tensor(self.adapters, device=indices.device)[None, :]
@@ -62,7 +68,7 @@ class _Recent:
 
     def get(self, key: tuple[torch.Tensor, ...], build):
         for stored, value in self.entries:
-            if all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(stored, key)):
+            if all(torch.equal(a, b) for a, b in zip(stored, key)):  # False on different shapes too
                 return value
         value = build()
         self.entries.insert(0, (tuple(t.clone() for t in key), value))
@@ -71,18 +77,6 @@ class _Recent:
 
 
 _layouts, _exploded = _Recent(), _Recent()
-
-
-def row_adapters(indices: torch.Tensor) -> RowAdapters:
-    return _layouts.get((indices,), lambda: RowAdapters(indices))
-
-
-def _present(weights: torch.Tensor, adapters: list[int]) -> torch.Tensor:
-    """weights[adapters] ([adapters, out, in]): a view when the slots are consecutive, as vLLM fills them."""
-    first = adapters[0]
-    if adapters == list(range(first, first + len(adapters))):
-        return weights[first: first + len(adapters)]
-    return weights.index_select(0, torch.tensor(adapters, device=weights.device))
 
 
 def add_lora(target: torch.Tensor, inputs: torch.Tensor, weights: torch.Tensor, rows: RowAdapters, add: bool,
@@ -108,7 +102,7 @@ def add_lora(target: torch.Tensor, inputs: torch.Tensor, weights: torch.Tensor, 
         else:
             _write(target, inputs @ weight.T, add, scaling)
         return
-    present = _present(weights, rows.adapters).to(dtype)  # [adapters, out, in]
+    present = weights[rows.slots].to(dtype)  # [adapters, out, in]
     count, out_dim, in_dim = present.shape
     mask = rows.mask(dtype)
     if in_dim <= out_dim:
@@ -139,7 +133,9 @@ def grouped_lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, indices: to
 
 
 def _rows(inputs: torch.Tensor, indices: torch.Tensor) -> RowAdapters:
-    return row_adapters(indices[: inputs.shape[0]])
+    """The grouping of `inputs`' rows, from the step's cache."""
+    indices = indices[: inputs.shape[0]]
+    return _layouts.get((indices,), lambda: RowAdapters(indices))
 
 
 def _per_token(lora_indices: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
