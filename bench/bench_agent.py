@@ -8,6 +8,7 @@ ceiling of any schedule on this backend. Every mode and replay starts with an em
 
     .venv/bin/python bench/bench_agent.py --backend vllm --questions 64 --rounds 2 --directions 2 --top-k 3 \
         --max-tokens 192 --passage-words 60   # the demo teacher's settings [--modes one,step,continuous,raw,prefill]
+        [--concurrency 64,32,16]   # continuous at each agent.concurrency: fewer questions in flight, less lockstep
 
 Backends: `vllm` = SmolLM2-135M-Instruct on the vLLM engine with the role JSON schemas (constrained decoding), as
 the demo's teacher; `hf` = the tiny Qwen3 through transformers (random weights; continuous then coalesces calls,
@@ -67,10 +68,11 @@ class Timed:
         return timed
 
 
-def run(recipe, questions, out, router, retriever, schedule, batch_size):
+def run(recipe, questions, out, router, retriever, schedule, batch_size, concurrency=None):
     from maps_train.agents import run_method
 
-    recipe.agent.schedule, recipe.agent.batch_size, recipe.agent.concurrency = schedule, batch_size, batch_size
+    recipe.agent.schedule, recipe.agent.batch_size = schedule, batch_size
+    recipe.agent.concurrency = concurrency or batch_size
     cold(router)
     backend, search = Timed(router, "generate", keep=True), Timed(retriever, "search")
     start = time.perf_counter()
@@ -152,6 +154,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--modes", default="one,step,continuous,raw,prefill",
                         help="comma-separated: one,step,continuous,raw,prefill (the last two replay the continuous run)")
+    parser.add_argument("--concurrency", default=None,
+                        help="comma-separated agent.concurrency values for the continuous mode (default: every "
+                             "question at once); the raw replay and prefill split replay the first value's run")
     parser.add_argument("--dtype", default="auto",
                         help="backend.dtype (auto, the demo teacher's: bfloat16 where the CPU multiplies bf16)")
     args = parser.parse_args()
@@ -209,13 +214,17 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}, "
         f"{os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}"
     )
-    plan = {"step": ("step-synchronous", "step", len(questions)),
-            "continuous": ("continuous", "continuous", len(questions)), "one": ("one at a time", "step", 1)}
+    levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [len(questions)]
+    plan = [("step", "step-synchronous", "step", len(questions), None)]
+    plan += [("continuous" if i == 0 else f"continuous c={level}",
+              "continuous" if len(levels) == 1 else f"continuous c={level}", "continuous", len(questions), level)
+             for i, level in enumerate(levels)]
+    plan += [("one", "one at a time", "step", 1, None)]
     seconds = {}
-    for mode in [m for m in plan if m in modes]:  # the slowest (one at a time) last
-        label, schedule, size = plan[mode]
+    for mode, label, schedule, size, level in [p for p in plan if p[0].split(" ")[0] in modes]:  # one at a time last
         before = engine_steps(router)
-        records, took, backend, search = run(recipe, questions, root / mode, router, retriever, schedule, size)
+        records, took, backend, search = run(recipe, questions, root / mode.replace(" ", "-").replace("=", ""),
+                                             router, retriever, schedule, size, level)
         seconds[mode] = took
         calls = sum(r.cost.calls for r in records)
         prompt = sum(r.cost.prompt_tokens for r in records)
@@ -243,6 +252,9 @@ def main() -> None:
     if "continuous" in seconds and "raw" in seconds:
         print(f"{'engine vs raw backend (same calls)':>36}: {seconds['raw'] / seconds['continuous']:.2f} of the "
               "backend's throughput")
+    for mode in [m for m in seconds if m.startswith("continuous c=")]:
+        print(f"{mode + ' vs continuous c=' + str(levels[0]):>36}: {seconds['continuous'] / seconds[mode]:.2f}x"
+              + (f", {seconds['raw'] / seconds[mode]:.2f} of the raw backend" if "raw" in seconds else ""))
     if {"prefill_raw", "prefill_one", "raw", "one"} <= seconds.keys():
         raw_decode, one_decode = seconds["raw"] - seconds["prefill_raw"], seconds["one"] - seconds["prefill_one"]
         print(f"{'prefill, one at a time vs batched':>36}: {seconds['prefill_one'] / seconds['prefill_raw']:.2f}x "

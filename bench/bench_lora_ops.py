@@ -1,26 +1,28 @@
-"""One forward pass's multi-LoRA work on vLLM-CPU, op by op: vLLM's reference ops vs maps-train's (the plugin).
+"""One forward pass's multi-LoRA work on vLLM-CPU: vLLM's own, maps-train's ops, and maps-train's fused wrapper method.
 
     .venv/bin/python bench/bench_lora_ops.py                       # SmolLM2-135M shapes, r=16, 3 adapters
     .venv/bin/python bench/bench_lora_ops.py --model Qwen/Qwen3-0.6B --rank 32 --dtype bfloat16
 
-Replays the calls vLLM's CPU punica wrapper makes in one forward pass (`add_lora_linear` on every layer's
-qkv, o, gate_up and down projections: one shrink into a float32 buffer per output slice, then one expand per
-slice into the projection's output), with the model's real shapes, for decode batches (one token a sequence,
-`bgmv_*`) and a prefill batch (`sgmv_*`), mixed across adapters or on one. The base projections' GEMMs on the
-same inputs are timed beside them, so each figure is also a share of the base model's own matmul time. The
-weights are random (speed does not depend on their values). Prints figures; asserts nothing.
+Replays `PunicaWrapperCPU.add_lora_linear` on every layer's qkv, o, gate_up and down projections, with the model's
+real shapes, on a real wrapper whose metadata vLLM's own `update_metadata` wrote for the batch (vLLM's V1 runner
+marks every CPU step a prefill, so decode steps take the `sgmv_*` path too): decode batches (one token a sequence)
+and a prefill batch, mixed across adapters or on one. Three variants:
+- `vllm`: vLLM's wrapper method over its reference ops (one shrink into a float32 buffer per output slice, then one
+  expand per slice);
+- `ops`: vLLM's wrapper method over maps-train's grouped ops (what the plugin did before the fused method);
+- `fused`: maps-train's `add_lora_linear` (one shrink for all slices, one expand a slice).
+The base projections' GEMMs on the same inputs are timed beside them, so each figure is also a share of the base
+model's own matmul time. The weights are random (speed does not depend on their values). Prints figures; asserts
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from functools import partial
 
 import torch
-
-OPS = {"reference": "vllm.lora.ops.torch_ops", "maps-train": "maps_train.llm.vllm_cpu_lora"}
 
 
 def projections(config) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -51,25 +53,48 @@ def base_pass(layer: Layer, layers: int) -> None:
             layer.inputs[name] @ weight.T
 
 
-def lora_pass(ops, layer: Layer, layers: int, indices: torch.Tensor | None, prefill) -> None:
-    """What PunicaWrapperCPU.add_lora_linear does on every projection of `layers` layers."""
+def wrapper_for(token_ids: list[int], adapters: int):
+    """A real PunicaWrapperCPU holding the metadata vLLM's V1 runner gives it for these tokens' LoRA ids (0: none)."""
+    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    wrapper = PunicaWrapperCPU(max(len(token_ids), 8), max(len(token_ids), 8), "cpu")
+    wrapper.update_metadata(LoRAMapping(tuple(token_ids), tuple(token_ids), is_prefill=True),
+                            [*range(1, adapters + 1), None], adapters + 1, 49152)
+    return wrapper
+
+
+def lora_pass(method, wrapper, layer: Layer, layers: int) -> None:
+    """`add_lora_linear` (as `method`) on every projection of `layers` layers."""
     for _ in range(layers):
         for name, (_, outs) in layer.shapes.items():
             x = layer.inputs[name]
             y = torch.empty(x.shape[0], sum(outs), dtype=x.dtype)
-            buffers = [torch.zeros(x.shape[0], layer.a[name][0].shape[2], dtype=torch.float32) for _ in outs]
-            for buffer, a in zip(buffers, layer.a[name]):
-                if prefill is None:
-                    ops.bgmv_shrink(x, a, buffer, indices, 2.0)
-                else:
-                    ops.sgmv_shrink(x, a, buffer, *prefill, 2.0)
-            offset = 0
-            for buffer, b, out in zip(buffers, layer.b[name], outs):
-                if prefill is None:
-                    ops.bgmv_expand_slice(buffer, b, y, indices, offset, out, True)
-                else:
-                    ops.sgmv_expand_slice(buffer, b, y, *prefill, offset, out, True)
-                offset += out
+            method(wrapper, y, x, tuple(layer.a[name]), tuple(layer.b[name]), 1.0, outs)
+
+
+def variants():
+    """name -> a callable that runs one pass the way that variant does."""
+    from vllm.lora.ops import torch_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from maps_train.llm import vllm_cpu_lora as ours
+
+    ours.install()
+    vllm_method = ours.VLLM_OWN["add_lora_linear"]
+
+    def with_ops(module, *args):
+        saved = {name: getattr(punica_cpu, name) for name in ours.OPS}
+        for name in ours.OPS:
+            setattr(punica_cpu, name, getattr(module, name))
+        try:
+            lora_pass(vllm_method, *args)
+        finally:
+            for name, op in saved.items():
+                setattr(punica_cpu, name, op)
+
+    return {"vllm": partial(with_ops, torch_ops), "ops": partial(with_ops, ours),
+            "fused": partial(lora_pass, ours.add_lora_linear)}
 
 
 def best_ms(run, repeats: int) -> float:
@@ -102,29 +127,26 @@ def main() -> None:
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else \
         (torch.bfloat16 if cpu_multiplies_bf16() else torch.float32)
     shapes, layers, slots = projections(config), config.num_hidden_layers, args.adapters + 1
-    modules = {label: importlib.import_module(path) for label, path in OPS.items()}
+    runs = variants()
     print(f"{args.model}: {layers} layers, {shapes}, rank {args.rank}, {args.adapters} adapters, {dtype}, "
-          f"{torch.get_num_threads()} threads; one forward pass's LoRA ops (best of {args.repeats})", flush=True)
+          f"{torch.get_num_threads()} threads; one forward pass's LoRA work (best of {args.repeats})", flush=True)
 
     sequences, length = (int(v) for v in args.prefill.split("x"))
     cases = []
     for rows in (int(v) for v in args.decode.split(",")):
-        cases.append((f"decode {rows} seqs, mixed", rows, torch.arange(rows) % args.adapters, None))
-        cases.append((f"decode {rows} seqs, one adapter", rows, torch.zeros(rows, dtype=torch.long), None))
-    lengths = torch.full((sequences,), length)
-    per_sequence = torch.arange(sequences) % args.adapters
-    starts = torch.cumsum(lengths, 0) - lengths
-    prefill = (starts, lengths, per_sequence, sequences, length, sequences * length)
-    cases.append((f"prefill {sequences}x{length} tokens, mixed", sequences * length, None, prefill))
+        cases.append((f"decode {rows} seqs, mixed", [1 + i % args.adapters for i in range(rows)]))
+        cases.append((f"decode {rows} seqs, one adapter", [1] * rows))
+    cases.append((f"prefill {sequences}x{length} tokens, mixed",
+                  [1 + i % args.adapters for i in range(sequences) for _ in range(length)]))
 
-    for label, rows, indices, prefill_args in cases:
-        layer = Layer(shapes, args.rank, slots, rows, dtype)
+    for label, token_ids in cases:
+        layer = Layer(shapes, args.rank, slots, len(token_ids), dtype)
+        wrapper = wrapper_for(token_ids, args.adapters)
         base = best_ms(partial(base_pass, layer, layers), args.repeats)
-        times = {name: best_ms(partial(lora_pass, ops, layer, layers, indices, prefill_args), args.repeats)
-                 for name, ops in modules.items()}
-        cells = "  ".join(f"{name} {ms:8.1f} ms ({ms / base:4.2f}x base)" for name, ms in times.items())
-        print(f"{label:32s} base GEMMs {base:8.1f} ms  {cells}  "
-              f"speed-up x{times['reference'] / times['maps-train']:.2f}", flush=True)
+        times = {name: best_ms(partial(run, wrapper, layer, layers), args.repeats) for name, run in runs.items()}
+        cells = "  ".join(f"{name} {ms:8.1f} ms ({ms / base:4.2f}x)" for name, ms in times.items())
+        print(f"{label:32s} base GEMMs {base:8.1f} ms  {cells}  fused vs vllm x{times['vllm'] / times['fused']:.2f}, "
+              f"vs ops x{times['ops'] / times['fused']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Property tests draw the shapes vLLM hands these ops (tokens, slots, rank, hidden, [slots, 1, out, in] stacks),
 token->slot indices with -1 rows, and both dtype paths; every op must write what `vllm.lora.ops.torch_ops` writes
 into the same output tensor, where the slot that -1 reads in the reference (the last) is the spare, empty one
-`platform.lora_slots` keeps. The engine-level check (the plugin loaded in vLLM's worker, outputs unchanged) is in
+`platform.lora_slots` keeps. The fused `add_lora_linear` must write what vLLM's own wrapper method writes over those
+reference ops, on a real `PunicaWrapperCPU` whose metadata vLLM's `update_metadata` set. The engine-level check (the plugin loaded in vLLM's worker, outputs unchanged) is in
 tests/test_llm_vllm.py.
 """
 
@@ -153,16 +154,21 @@ def test_install_swaps_the_cpu_wrapper_ops_and_the_switch_keeps_vllms(monkeypatc
     from vllm.lora.punica_wrapper import punica_cpu
 
     saved = {name: getattr(punica_cpu, name) for name in grouped.OPS}
+    method = punica_cpu.PunicaWrapperCPU.add_lora_linear
     try:
         monkeypatch.setenv(grouped.SWITCH, "reference")
         assert grouped.install() is False
         assert all(getattr(punica_cpu, name) is saved[name] for name in grouped.OPS)
+        assert punica_cpu.PunicaWrapperCPU.add_lora_linear is method
         monkeypatch.delenv(grouped.SWITCH)
         assert grouped.install() is True
         assert all(getattr(punica_cpu, name) is getattr(grouped, name) for name in grouped.OPS)
+        assert punica_cpu.PunicaWrapperCPU.add_lora_linear is grouped.add_lora_linear
+        assert grouped.VLLM_OWN["add_lora_linear"] is not grouped.add_lora_linear  # vLLM's, kept to compare
     finally:
         for name, op in saved.items():
             setattr(punica_cpu, name, op)
+        punica_cpu.PunicaWrapperCPU.add_lora_linear = method
 
 
 def test_the_plugin_is_registered_with_vllm():
@@ -170,3 +176,53 @@ def test_the_plugin_is_registered_with_vllm():
 
     plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert plugins.get("maps_train") == "maps_train.llm.vllm_cpu_lora:register"
+
+
+@st.composite
+def linear_case(draw):
+    """One LoRA-wrapped projection as vLLM's CPU wrapper gets it: inputs, per-slice stacked A and B (the spare last
+    slot zero), each token's LoRA id (0: the base model) and whether the step is a prefill."""
+    tokens, loras = draw(st.integers(1, 20)), draw(st.integers(1, 3))
+    rank, width = draw(st.sampled_from([4, 8, 16])), draw(st.sampled_from([8, 24, 40]))
+    slices = tuple(draw(st.lists(st.sampled_from([8, 16, 24]), min_size=1, max_size=3)))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    a = tuple(torch.randn(loras + 1, 1, rank, width, generator=generator) for _ in slices)
+    b = tuple(torch.randn(loras + 1, 1, out, rank, generator=generator) for out in slices)
+    for stack in a + b:
+        stack[-1] = 0
+    ids = draw(st.lists(st.integers(0, loras), min_size=tokens, max_size=tokens))
+    if draw(st.booleans()):  # a prefill's tokens come in runs, one per request
+        ids = sorted(ids)
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    return torch.randn(tokens, width, generator=generator).to(dtype), a, b, slices, ids, loras, dtype
+
+
+def _wrapper(ids: list[int], loras: int, prefill: bool):
+    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    wrapper = PunicaWrapperCPU(64, 64, "cpu")
+    wrapper.update_metadata(LoRAMapping(tuple(ids), tuple(ids), is_prefill=prefill),
+                            [*range(1, loras + 1), None], loras + 1, 100)
+    return wrapper
+
+
+@SETTINGS
+@given(linear_case(), st.booleans(), st.sampled_from([1.0, 0.5]))
+def test_add_lora_linear_matches_vllms_wrapper_over_its_reference_ops(case, prefill, scale):
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    grouped.install()
+    x, a, b, slices, ids, loras, dtype = case
+    wrapper = _wrapper(ids, loras, prefill)
+    base = torch.randn(x.shape[0], sum(slices)).to(dtype)
+    ours, theirs = base.clone(), base.clone()
+    grouped.add_lora_linear(wrapper, ours, x, a, b, scale, slices)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in grouped.OPS:
+            patch.setattr(punica_cpu, name, getattr(reference, name))
+        grouped.VLLM_OWN["add_lora_linear"](wrapper, theirs, x, a, b, scale, slices)
+    _close(ours, theirs, dtype)
+    if not any(ids):
+        assert torch.equal(ours, base)  # a step on the base model only: nothing added
+

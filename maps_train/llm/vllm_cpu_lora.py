@@ -9,12 +9,17 @@ grouping of the batch's rows by adapter, worked out once (`RowAdapters`, cached 
 `bench/bench_serve.py` runs MAPS through `vllm serve` with the adapters vs the base model; docs/throughput.md has
 the figures.
 
+One level up, `add_lora_linear` replaces the wrapper's method of that name, which made one shrink and one expand
+op call per output slice of every projection (qkv has three, gate_up two): it does a projection's shrink in one
+matmul and its expand in one a slice, which cuts the per-call overhead that bounded small decode batches.
+
 `register()` (entry point `vllm.general_plugins` -> `maps_train`, which vLLM calls in every engine-core and
 worker process, for `maps-train serve` and the in-process engine alike) swaps those six ops in the CPU punica
-wrapper for the grouped ones below, on the CPU platform only. They keep the reference ops' signatures and
+wrapper for the grouped ones below, and its `add_lora_linear` for the fused one, on the CPU platform only. They keep the reference ops' signatures and
 results, with one difference: a row whose index is -1 (no adapter) gets a zero LoRA term, where the reference
 reads the last slot (harmless only while that slot stays empty, see `platform.lora_slots`).
-`MAPS_TRAIN_VLLM_CPU_LORA=reference` keeps vLLM's own ops (to compare, or if a vLLM release changes them).
+`MAPS_TRAIN_VLLM_CPU_LORA=reference` keeps vLLM's own ops and method (to compare, or if a vLLM release changes
+them).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class _Recent:
 
 
 _layouts, _exploded = _Recent(), _Recent()
+VLLM_OWN: dict[str, object] = {}  # the wrapper methods install() replaced, as vLLM wrote them (to compare)
 
 
 def add_lora(target: torch.Tensor, inputs: torch.Tensor, weights: torch.Tensor, rows: RowAdapters, add: bool,
@@ -179,6 +185,56 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
                       slice_offset, slice_size, add_inputs)
 
 
+def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
+                    lora_b_stacked: tuple[torch.Tensor, ...], scale: float, output_slices: tuple[int, ...], *,
+                    buffer: tuple[torch.Tensor, ...] | None = None, **kwargs) -> None:
+    """`PunicaWrapperCPU.add_lora_linear` in one go instead of one shrink and one expand op call per output slice
+    (qkv has three, gate_up two): the per-call overhead bounded small decode batches. Same result as the wrapper's
+    own method over the ops above; `buffer` (a GPU path's scratch space) is not needed."""
+    if self.is_prefill and self.no_lora:  # every row on the base model (vLLM's V1 runner always sets is_prefill)
+        return
+    x, y = x.view(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+    rows = _rows(x, self.token_lora_indices)
+    if rows.adapters:
+        add_lora_slices(y, x, [_stacked(a) for a in lora_a_stacked], [_stacked(b) for b in lora_b_stacked],
+                        output_slices, rows, scale)
+
+
+def add_lora_slices(target: torch.Tensor, inputs: torch.Tensor, a_stacks: list[torch.Tensor],
+                    b_stacks: list[torch.Tensor], slices: tuple[int, ...], rows: RowAdapters, scale: float) -> None:
+    """For each output slice i (widths `slices`, side by side from column 0) and each row with an adapter:
+    target[row, slice i] += (scale * inputs[row] @ A_i[slot].T) @ B_i[slot].T, the shrink in float32 and the expand
+    in target's dtype, as vLLM's float32 buffer between them does. Rows without an adapter are left as they are.
+
+    The shrink is one matmul over every slice's A (and every present adapter's, keeping each row's own block); the
+    expand is one matmul a slice, over every present adapter's B at once (each row's rank vector spread into its
+    adapter's block, zero elsewhere), so a projection costs a handful of calls whatever the batch's mix."""
+    dtype, ranks = target.dtype, [a.shape[1] for a in a_stacks]
+    inputs32 = inputs.to(torch.float32)
+    if rows.whole:
+        slot = rows.adapters[0]
+        a = torch.cat([a[slot] for a in a_stacks]) if len(a_stacks) > 1 else a_stacks[0][slot]
+        hidden = inputs32 @ a.to(torch.float32).T  # [rows, sum of ranks]
+    else:
+        present = torch.cat([a[rows.slots] for a in a_stacks], dim=1) if len(a_stacks) > 1 else a_stacks[0][rows.slots]
+        count, total_rank, width = present.shape
+        products = (inputs32 @ present.reshape(count * total_rank, width).to(torch.float32).T)
+        hidden = torch.bmm(rows.mask(torch.float32)[:, None, :], products.view(-1, count, total_rank)).squeeze(1)
+    if scale != 1.0:
+        hidden.mul_(scale)
+    hidden = hidden.to(dtype)
+    column = first_rank = 0
+    for b, width, rank in zip(b_stacks, slices, ranks):
+        out, part = target[:, column: column + width], hidden[:, first_rank: first_rank + rank]
+        if rows.whole:
+            out.addmm_(part, b[rows.adapters[0], :width].to(dtype).T)
+        else:
+            spread = (part[:, None, :] * rows.mask(dtype)[:, :, None]).reshape(part.shape[0], -1)
+            present = b[rows.slots, :width].to(dtype)  # [adapters, width, rank]
+            out.addmm_(spread, present.permute(1, 0, 2).reshape(present.shape[1], -1).T)
+        column, first_rank = column + width, first_rank + rank
+
+
 def install() -> bool:
     """Swap the grouped ops into vLLM's CPU punica wrapper; False (and nothing changed) where they don't apply."""
     if os.environ.get(SWITCH, "grouped").strip().lower() == "reference":
@@ -188,11 +244,17 @@ def install() -> bool:
     except ImportError:  # a vLLM without the CPU LoRA path
         return False
     missing = [name for name in OPS if not hasattr(punica_cpu, name)]
+    wrapper = getattr(punica_cpu, "PunicaWrapperCPU", None)
+    missing += [f"PunicaWrapperCPU.{name}" for name in ("add_lora_linear", "token_lora_indices")
+                if not hasattr(wrapper, name)]
     if missing:
         log.warning("maps-train: vLLM's CPU LoRA ops changed (%s missing); keeping vLLM's own", ", ".join(missing))
         return False
     for name in OPS:
         setattr(punica_cpu, name, globals()[name])
+    if wrapper.add_lora_linear is not add_lora_linear:
+        VLLM_OWN.setdefault("add_lora_linear", wrapper.add_lora_linear)
+    wrapper.add_lora_linear = add_lora_linear
     return True
 
 
