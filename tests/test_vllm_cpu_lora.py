@@ -160,6 +160,11 @@ def test_install_swaps_the_cpu_wrapper_ops_and_the_switch_keeps_vllms(monkeypatc
         assert grouped.install() is False
         assert all(getattr(punica_cpu, name) is saved[name] for name in grouped.OPS)
         assert punica_cpu.PunicaWrapperCPU.add_lora_linear is method
+        punica_cpu.PunicaWrapperCPU.add_lora_linear = grouped.VLLM_OWN.get("add_lora_linear", method)
+        monkeypatch.setenv(grouped.SWITCH, "ops")  # the grouped ops under vLLM's own method
+        assert grouped.install() is True
+        assert all(getattr(punica_cpu, name) is getattr(grouped, name) for name in grouped.OPS)
+        assert punica_cpu.PunicaWrapperCPU.add_lora_linear is not grouped.add_lora_linear
         monkeypatch.delenv(grouped.SWITCH)
         assert grouped.install() is True
         assert all(getattr(punica_cpu, name) is getattr(grouped, name) for name in grouped.OPS)
