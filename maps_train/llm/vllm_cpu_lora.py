@@ -15,9 +15,10 @@ matmul and its expand in one a slice, which cuts the per-call overhead that boun
 
 `register()` (entry point `vllm.general_plugins` -> `maps_train`, which vLLM calls in every engine-core and
 worker process, for `maps-train serve` and the in-process engine alike) swaps those six ops in the CPU punica
-wrapper for the grouped ones below, and its `add_lora_linear` for the fused one, on the CPU platform only. They keep the reference ops' signatures and
-results, with one difference: a row whose index is -1 (no adapter) gets a zero LoRA term, where the reference
-reads the last slot (harmless only while that slot stays empty, see `platform.lora_slots`).
+wrapper for the grouped ones below, and its `add_lora_linear` for the fused one, on the CPU platform only. They
+keep vLLM's signatures and results, with one difference: a row whose index is -1 (no adapter) gets a zero LoRA
+term, where the reference reads the last slot (harmless only while that slot stays empty, see
+`platform.lora_slots`).
 `MAPS_TRAIN_VLLM_CPU_LORA=reference` keeps vLLM's own ops and method (to compare, or if a vLLM release changes
 them); `=ops` installs the grouped ops under vLLM's own method.
 """
@@ -236,7 +237,8 @@ def add_lora_slices(target: torch.Tensor, inputs: torch.Tensor, a_stacks: list[t
 
 
 def install() -> bool:
-    """Swap the grouped ops into vLLM's CPU punica wrapper; False (and nothing changed) where they don't apply."""
+    """Swap the grouped ops (and, unless the switch says `ops`, the fused `add_lora_linear`) into vLLM's CPU punica
+    wrapper; False (and nothing changed) where they don't apply."""
     choice = os.environ.get(SWITCH, "grouped").strip().lower()
     if choice == "reference":
         return False
