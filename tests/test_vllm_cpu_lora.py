@@ -4,8 +4,8 @@ Property tests draw the shapes vLLM hands these ops (tokens, slots, rank, hidden
 token->slot indices with -1 rows, and both dtype paths; every op must write what `vllm.lora.ops.torch_ops` writes
 into the same output tensor, where the slot that -1 reads in the reference (the last) is the spare, empty one
 `platform.lora_slots` keeps. The fused `add_lora_linear` must write what vLLM's own wrapper method writes over those
-reference ops, on a real `PunicaWrapperCPU` whose metadata vLLM's `update_metadata` set. The engine-level check (the plugin loaded in vLLM's worker, outputs unchanged) is in
-tests/test_llm_vllm.py.
+reference ops, on a real `PunicaWrapperCPU` whose metadata vLLM's `update_metadata` set. The engine-level check (the
+plugin loaded in vLLM's worker, outputs unchanged) is in tests/test_llm_vllm.py.
 """
 
 from __future__ import annotations
