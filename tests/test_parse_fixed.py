@@ -9,6 +9,7 @@ per-test timeout, which turns a hang into a failure, and the bounded work is che
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,12 @@ from scripted_backend import RecordingRetriever, ScriptedBackend
 from test_parse_properties import LETTERS, PARSERS
 
 from maps_train.agents import jsonparse
-from maps_train.agents.baselines.answers import extract_answer_tag, extract_reasoned_answer, last_boxed
+from maps_train.agents.baselines.answers import (
+    extract_answer_tag,
+    extract_direct_answer,
+    extract_reasoned_answer,
+    last_boxed,
+)
 from maps_train.agents.baselines.parallel_search import close_open_tag, parse_action
 from maps_train.agents.baselines.s3 import parse_searcher, query_text
 from maps_train.agents.baselines.search_o1 import parse_reasoner
@@ -24,6 +30,7 @@ from maps_train.agents.baselines.vanilla import parse_direct
 from maps_train.agents.jsonparse import (
     MAX_INPUT_CHARS,
     MAX_JSON_STARTS,
+    MAX_SCAN_CHARS,
     UnsupportedSchemaError,
     extract_string_list,
     list_items,
@@ -130,6 +137,66 @@ def test_json_starts_are_bounded(monkeypatch):
     monkeypatch.setattr(jsonparse, "_python_literal_at", counted_literal)
     parse_query("```json\n{'a': [" * 500 + "{'a': [" * 5000, "d")
     assert 0 < calls["decode"] <= MAX_JSON_STARTS and 0 < calls["literal"] <= MAX_JSON_STARTS
+
+
+# -- costly inputs: bounded memory and work (issue 36) -------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_nested_boxes_are_read_without_copying_each_span():
+    """Before: a 278 MB peak for 64 KB of text, every nested box's content copied. Now only the answer is copied."""
+    text = "\\boxed{" * 8192 + "x" + "}" * 8191  # exactly MAX_INPUT_CHARS: every box but the outermost closes
+    assert len(text) == MAX_INPUT_CHARS
+    tracemalloc.start()
+    try:
+        answer = extract_direct_answer(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert answer == ("x", "boxed")
+    assert peak < 2 * 1024 * 1024, f"peak {peak} bytes for a {len(text)}-character input"
+
+
+class CountingPattern:
+    """A compiled pattern that counts the characters its `finditer` advanced over (up to the last match taken),
+    whoever calls it: the work of a scan, measured outside the scanner."""
+
+    def __init__(self, pattern):
+        self.pattern, self.chars = pattern, 0
+
+    def finditer(self, text, pos=0, endpos=None):
+        for match in self.pattern.finditer(text, pos, len(text) if endpos is None else endpos):
+            self.chars += match.end() - pos
+            pos = match.end()
+            yield match
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"' * 32 + "[]" * 32734,  # each start's string runs to the end, or its shallow brackets do: 0.49 s before
+        "{" * 15 + "[]" * 32000,  # 15 starts, none closing, none deeper than the limit
+        "{'" * 32 + "x" * 65000,  # Python-literal scans, 8 KB each
+    ],
+    ids=["brackets-after-open-strings", "shallow-open-braces", "open-quotes"],
+)
+def test_json_start_scans_share_one_character_budget(monkeypatch, text):
+    """Before, every one of the 32 starts could read to the end of the text (32 x 64 KB). Now the nesting scans
+    and the literal brace scans of all starts together read at most MAX_SCAN_CHARS characters."""
+    tokens = CountingPattern(jsonparse._JSON_TOKEN)
+    literal_chars, braced_chunk = [0], jsonparse._braced_chunk
+
+    def counted_braced_chunk(chunk_text, start, max_chars):
+        chunk = braced_chunk(chunk_text, start, max_chars)
+        literal_chars[0] += len(chunk) if chunk else min(len(chunk_text) - start, max_chars)
+        return chunk
+
+    monkeypatch.setattr(jsonparse, "_JSON_TOKEN", tokens)
+    monkeypatch.setattr(jsonparse, "_braced_chunk", counted_braced_chunk)
+    assert jsonparse.find_object(text) is None
+    read = tokens.chars + literal_chars[0]
+    assert 0 < read <= MAX_SCAN_CHARS <= 2 * MAX_INPUT_CHARS, f"{read} characters read"
 
 
 # -- contract violations --------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ what can be found, and every one of them
 - never raises on any string;
 - runs in time linear in its input: the input is cut to `MAX_INPUT_CHARS` before any regex, no pattern nests
   quantifiers or scans to the end of the text once per match attempt, at most `MAX_JSON_STARTS` positions are
-  tried as JSON starts, JSON goes through `maps_train.safejson` (bounded depth and integers) and Python literals
-  are evaluated only in small, shallow chunks;
+  tried as JSON starts and their character scans read at most `MAX_SCAN_CHARS` together, JSON goes through
+  `maps_train.safejson` (bounded depth and integers) and Python literals are evaluated only in small, shallow
+  chunks;
 - returns strings without lone surrogates (`bounded` and `clean_text` replace them).
 """
 
@@ -24,6 +25,10 @@ from maps_train import safejson
 
 MAX_INPUT_CHARS = 64 * 1024  # a role output is a few hundred tokens; longer text is cut (and noted), never fatal
 MAX_JSON_STARTS = 32  # `{` positions tried as the start of an object, over all candidate texts
+# Characters the nesting and literal scans of all JSON starts read together. Each scan may run to the end of the
+# text (an unclosed value), so without a shared bound 32 starts read 32 times the input. Twice the input bound:
+# the first start may read a whole input and the others as much again.
+MAX_SCAN_CHARS = 2 * MAX_INPUT_CHARS
 MAX_FENCES = 8  # ``` code blocks looked into
 MAX_LITERAL_CHARS = 8 * 1024  # a Python-style dict longer than this is not evaluated
 MAX_DEPTH = 16  # role objects nest 2 levels; deeper text is not decoded
@@ -128,11 +133,35 @@ def fenced_blocks(text: str) -> list[str]:
     return blocks
 
 
-def _json_object_at(text: str, start: int) -> dict[Any, Any] | None:
-    if safejson.exceeds_depth(text, start, MAX_DEPTH):
-        return None
-    decoded = safejson.raw_decode(text, start, MAX_DEPTH)
-    return decoded[0] if decoded is not None and isinstance(decoded[0], dict) else None
+# A bracket, or a whole string literal (escapes included, possibly never closed): the nesting scan steps over a
+# string in one match, so brackets inside strings cost no Python-level step. The unrolled `[^"\\]*(?:\\.[^"\\]*)*`
+# cannot backtrack (each character has one way to match).
+_JSON_TOKEN = re.compile(r'[\[\]{}]|"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+
+
+def _exceeds_depth_within(text: str, start: int, scan_end: int) -> tuple[bool | None, int]:
+    """Whether the JSON value at `text[start]` nests deeper than `MAX_DEPTH`: True, or False when it closes (or the
+    text ends) within that depth, reading no further than `scan_end`; None when `scan_end` came first. Also where
+    the scan stopped, so the caller can charge what was read.
+
+    The same verdict as `safejson.exceeds_depth`, which has no bound on how far one start reads; checked before
+    decoding, as the C decoder recurses once per level."""
+    if text.count("{", start) + text.count("[", start) <= MAX_DEPTH:  # too few brackets: no scan (C speed)
+        return False, start
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text, start, scan_end):
+        char = text[match.start()]  # not `match.group()`: that would copy every string literal
+        if char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True, match.end()
+        elif char in "]}":
+            depth -= 1
+            if depth <= 0:
+                return False, match.end()
+    if scan_end >= len(text):  # ran to the end of the text without closing: not too deep
+        return False, len(text)
+    return None, scan_end
 
 
 def _braced_chunk(text: str, start: int, max_chars: int) -> str | None:
@@ -162,40 +191,47 @@ def _braced_chunk(text: str, start: int, max_chars: int) -> str | None:
 _PYTHON_MARKS = ("'", "True", "False", "None")
 
 
-def _python_literal_at(text: str, start: int) -> dict[Any, Any] | None:
-    """A Python-style dict ('single quotes', True/False/None) from a model imitating code. Bounded: a chunk of at
-    most `MAX_LITERAL_CHARS` with at most `MAX_DEPTH` brackets (the parser recurses per bracket), and any error
-    of the evaluation (ValueError, TypeError for `{[]: 1}`, SyntaxError, MemoryError, RecursionError) is a miss."""
-    window = text[start : start + MAX_LITERAL_CHARS]
+def _python_literal_at(text: str, start: int, max_chars: int = MAX_LITERAL_CHARS) -> tuple[dict[Any, Any] | None, int]:
+    """A Python-style dict ('single quotes', True/False/None) from a model imitating code, and how many characters
+    the brace scan read. Bounded: a chunk of at most `max_chars` (no more than `MAX_LITERAL_CHARS`) with at most
+    `MAX_DEPTH` brackets (the parser recurses per bracket), and any error of the evaluation (ValueError, TypeError
+    for `{[]: 1}`, SyntaxError, MemoryError, RecursionError) is a miss."""
+    window = text[start : start + min(max_chars, MAX_LITERAL_CHARS)]
     if not any(mark in window for mark in _PYTHON_MARKS):  # checked at C speed before the character loop
-        return None
-    chunk = _braced_chunk(window, 0, MAX_LITERAL_CHARS)
+        return None, 0
+    chunk = _braced_chunk(window, 0, len(window))
     if chunk is None:
-        return None
+        return None, len(window)
     if sum(chunk.count(bracket) for bracket in "{[(") > MAX_DEPTH:
-        return None
+        return None, len(chunk)
     try:
         value = ast.literal_eval(chunk)
     except Exception:  # literal_eval's error types are open-ended; none of them may escape a parser
-        return None
-    return value if isinstance(value, dict) else None
+        return None, len(chunk)
+    return (value if isinstance(value, dict) else None), len(chunk)
 
 
 def find_object(text: str) -> Found | None:
     """The first object in `text` (thinking removed): plain, in a ``` block, amid prose, or single-quoted.
 
     Fenced blocks are tried first, then the whole text; in each, `{` positions from the left, JSON before a Python
-    literal at each position, at most `MAX_JSON_STARTS` positions in all."""
+    literal at each position, at most `MAX_JSON_STARTS` positions in all, whose scans read at most
+    `MAX_SCAN_CHARS` characters together (the search ends when they are spent)."""
     text = strip_thinking(bounded(text))
-    budget = MAX_JSON_STARTS
+    starts_left, chars_left = MAX_JSON_STARTS, MAX_SCAN_CHARS
     for candidate in [*fenced_blocks(text), text]:
         start = candidate.find("{")
-        while start >= 0 and budget > 0:
-            budget -= 1
-            value = _json_object_at(candidate, start)
-            if value is not None:
-                return Found(value, is_json=True)
-            value = _python_literal_at(candidate, start)
+        while start >= 0 and starts_left > 0:
+            starts_left -= 1
+            deep, scanned_to = _exceeds_depth_within(candidate, start, start + chars_left)
+            chars_left -= scanned_to - start
+            if deep is None:
+                return None
+            decoded = None if deep else safejson.raw_decode(candidate, start, MAX_DEPTH)
+            if decoded is not None and isinstance(decoded[0], dict):
+                return Found(decoded[0], is_json=True)
+            value, scanned = _python_literal_at(candidate, start, chars_left)
+            chars_left -= scanned
             if value is not None:
                 return Found(value, is_json=False)
             start = candidate.find("{", start + 1)

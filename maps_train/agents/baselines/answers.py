@@ -22,32 +22,34 @@ _TEXT_WRAPPER = re.compile(r"^\\text\{(.*)\}$", re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is\s*)?[:：]\s*(.+)", re.IGNORECASE)
 
 
-def boxed_contents(text: str) -> list[str]:
-    """The contents of every complete `\\boxed{...}` (nested braces allowed), in order of their openings.
+def last_boxed_span(text: str) -> tuple[int, int] | None:
+    """Where the content of the last complete `\\boxed{...}` (nested braces allowed, last by its opening) starts
+    and ends in `text`, or None.
 
-    One pass with a stack of open braces: a brace closes the innermost open one, so each `\\boxed{` gets the
-    same closing brace as a depth count started at it. Re-counting from every unclosed `\\boxed{` to the end
-    of the text would be quadratic."""
-    stack: list[tuple[int, bool]] = []  # (content start, opened by \boxed)
-    spans: list[tuple[int, int]] = []
+    One pass with a depth counter and one open box: a box that has another box opened inside it can only close
+    after that inner one, which then wins (it opened later), so only the innermost open box is remembered. No
+    stack and no copies: memory stays constant however deep the nesting (copying every nested span of 8,192
+    nested boxes took hundreds of megabytes)."""
+    depth, open_box, span = 0, None, None  # open_box: (content start, depth inside it)
     for match in _BOXED_OR_BRACE.finditer(text):
-        token = match.group()
-        if token == "}":
-            if stack:
-                start, boxed = stack.pop()
-                if boxed:
-                    spans.append((start, match.start()))
-        else:
-            stack.append((match.end(), token == _BOXED))
-    return [text[start:end] for start, end in sorted(spans)]
+        if match.group() != "}":
+            depth += 1
+            if match.group() == _BOXED:
+                open_box = (match.end(), depth)
+        elif depth > 0:
+            if open_box is not None and open_box[1] == depth:
+                span, open_box = (open_box[0], match.start()), None
+            depth -= 1
+    return span
 
 
 def last_boxed(text: str) -> str | None:
     """The content of the last complete `\\boxed{...}` (nested braces allowed), `\\text{}` and `()` unwrapped."""
-    contents = boxed_contents(bounded(text, keep="tail"))
-    if not contents:
+    text = bounded(text, keep="tail")
+    span = last_boxed_span(text)
+    if span is None:
         return None
-    inner = contents[-1].strip()
+    inner = text[span[0] : span[1]].strip()
     match = _TEXT_WRAPPER.match(inner)
     if match:
         inner = match.group(1).strip()
