@@ -43,6 +43,8 @@ DEMO_SUITE = "eval/suites/demo.yaml"
 # A shortened run for tests and a first look: a few questions, one round, two training steps.
 QUICK_OVERRIDES = ["traces.limit=6", "agent.max_rounds=1", "train.sft.max_steps=2"]
 QUICK_SAMPLE = 3
+# Where the OpenAI client finds its key when backend.api_key is empty (maps_train.llm.openai_backend.api_key).
+KEY_VARIABLE = "OPENAI_API_KEY"
 
 
 def _environment() -> dict[str, str]:
@@ -94,14 +96,40 @@ def _worth_showing(line: str) -> bool:
     return not line.startswith((" ", "\t"))  # continuation lines of warnings and tracebacks
 
 
-def prepare(out: Path, quick: bool, extra: list[str], server_wait_s: float = 600.0) -> tuple[Path, Path]:
-    """The resolved recipe and suite the demo's commands run on, written into `out`."""
+def keys_to_environment(extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The demo writes its overrides into recipe.yaml, which every step reads, so a key must not be one of them:
+    `backend.api_key=K` is taken out and handed to the steps as $OPENAI_API_KEY, which the client reads when
+    backend.api_key is empty. Any other override that holds a secret (`serve.extra_args=[--api-key, K]`, a URL's
+    password) has no such way around the file and is refused. Returns (the other overrides, the steps' variables)."""
+    from maps_train.config import parse_override, redact_secrets
+
+    overrides, variables = [], {}
+    for override in extra:
+        keys, value = parse_override(override)  # the value as the recipe would read it (YAML: quotes come off)
+        if keys == ["backend", "api_key"]:
+            variables[KEY_VARIABLE] = "" if value is None else str(value)
+        elif redact_secrets(override) != override:
+            raise MapsTrainError(
+                f"demo: the override {redact_secrets(override)!r} holds a secret, and the demo writes its overrides "
+                f"into recipe.yaml: set it in the environment instead ({KEY_VARIABLE} for the client, VLLM_API_KEY "
+                "for vllm serve)"
+            )
+        else:
+            overrides.append(override)
+    return overrides, {name: value for name, value in variables.items() if value}
+
+
+def prepare(out: Path, quick: bool, extra: list[str],
+            server_wait_s: float = 600.0) -> tuple[Path, Path, dict[str, str]]:
+    """The resolved recipe and suite the demo's commands run on, written into `out`, and the environment
+    variables the steps need beside them (a key given as `backend.api_key=`: see `keys_to_environment`)."""
     from maps_train.config import dump_yaml, to_dict
     from maps_train.evaluate.suite import load_suite
     from maps_train.recipe import load_recipe
 
     if not Path("data/demo/corpus.jsonl").is_file():
         raise MapsTrainError("data/demo/corpus.jsonl not found: run `maps-train demo` from the repository root")
+    extra, variables = keys_to_environment(extra)
     overrides = [
         f"retrieval.index_dir={out / 'index'}", f"traces.out_dir={out / 'traces'}",
         f"sft_data.traces_dir={out / 'traces'}", f"sft_data.out_dir={out / 'sft'}",
@@ -116,7 +144,10 @@ def prepare(out: Path, quick: bool, extra: list[str], server_wait_s: float = 600
     recipe = load_recipe(DEMO_RECIPE, overrides + server_routes)
     out.mkdir(parents=True, exist_ok=True)
     recipe_path = out / "recipe.yaml"
-    recipe_path.write_text(f"# resolved from {DEMO_RECIPE} by `maps-train demo`\n" + dump_yaml(recipe))
+    header = f"# resolved from {DEMO_RECIPE} by `maps-train demo`\n"
+    if KEY_VARIABLE in variables:
+        header += f"# backend.api_key: from ${KEY_VARIABLE} (the demo sets it for each step; never written here)\n"
+    recipe_path.write_text(header + dump_yaml(recipe))
 
     suite = load_suite(DEMO_SUITE, [f"out_dir={out / 'eval'}", f"wandb.dir={out / 'wandb'}"])
     raw = to_dict(suite)
@@ -129,7 +160,7 @@ def prepare(out: Path, quick: bool, extra: list[str], server_wait_s: float = 600
             dataset["sample"] = QUICK_SAMPLE
     suite_path = out / "suite.yaml"
     suite_path.write_text(f"# resolved from {DEMO_SUITE} by `maps-train demo`\n" + dump_yaml(raw))
-    return recipe_path, suite_path
+    return recipe_path, suite_path, variables
 
 
 class ServerWatch:
@@ -252,7 +283,11 @@ def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, ser
     """The whole pipeline into `out`; the teacher's first request waits up to `server_timeout_s` for the server."""
     env = _environment()
     logs = out / "logs"
-    recipe_path, suite_path = prepare(out, quick, extra or [], server_timeout_s)
+    recipe_path, suite_path, variables = prepare(out, quick, extra or [], server_timeout_s)
+    env.update(variables)
+    if KEY_VARIABLE in variables:
+        typer.echo(f"backend.api_key: given to each step as ${KEY_VARIABLE}, not written to {recipe_path} "
+                   "(export it to rerun a step by hand)")
     recipe = str(recipe_path)
     timings: dict[str, float] = {}
     from maps_train.recipe import load_recipe

@@ -3,9 +3,10 @@ layer, W&B when enabled and a no-op with the same methods otherwise.
 
 `WandbConfig` is the `wandb:` section of recipes and suites. `WANDB_MODE` in the environment (e.g. `offline`, set
 by the tests and the Makefile) wins over the section's `mode`; offline runs land under `<dir>/wandb/offline-run-*`
-and can be uploaded later with `wandb sync`. Run configs pass through `redact_secrets` first, so no API key or
-token reaches W&B. Training logs through the transformers W&B integration, which reads the same section from the
-environment (`wandb_environment`).
+and can be uploaded later with `wandb sync`. Run configs pass through `redact_secrets` first, and every run is
+started with W&B's own recording of the process switched off (`PRIVATE_SETTINGS`: no command line, metadata, code
+or git state), so no API key or token reaches W&B. Training logs through the transformers W&B integration, which
+reads the same section, and the same private settings, from the environment (`wandb_environment`).
 
 Artifacts link what each stage made to what it read: traces -> SFT sets -> adapters -> eval results
 (`log_artifact`, `use_artifact`; names from `artifact_name`). W&B refuses `use_artifact` in offline runs, so there
@@ -36,6 +37,12 @@ class WandbConfig:
     dir: str | None = None  # the stage's output folder + /wandb when null
     tags: list[str] = field(default_factory=list)
 
+
+# What W&B would otherwise record about the process: the command line (`backend.api_key=...` overrides and all)
+# with the host, program and Python in the run's metadata (`x_disable_meta`), the program's code, the git state
+# (a diff can hold a key) and a Launch job built from them. Off in every run, whoever starts it.
+PRIVATE_SETTINGS = {"x_disable_meta": True, "disable_code": True, "save_code": False, "disable_git": True,
+                    "disable_job_creation": True}
 
 SKIPPED = ("wandb",)  # run folders that live inside stage outputs are never part of an artifact
 ARTIFACT_NAME_LIMIT = 128  # W&B's limit
@@ -114,7 +121,7 @@ class WandbTracker(Tracker):
             dir=str(self.dir),
             mode=self.mode,
             reinit="finish_previous",
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True),
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, **PRIVATE_SETTINGS),
         )
         if self.run is not None and getattr(self.run, "dir", None):
             self.run_dirs.append(Path(self.run.dir).parent)
@@ -226,10 +233,12 @@ def wandb_environment(config: WandbConfig, group: str) -> bool:
     """Put the section into the environment, where the transformers W&B integration (training) reads it.
 
     A WANDB_MODE already in the environment wins, so `WANDB_MODE=offline` keeps any recipe off the network.
+    `PRIVATE_SETTINGS` go there too: the integration starts its run without settings of ours.
     Returns whether W&B is on.
     """
     if not config.enabled or effective_mode(config) == "disabled":
         return False
+    os.environ.update(private_environment())  # forced: a run that records the command line records its keys
     os.environ.setdefault("WANDB_MODE", config.mode)
     os.environ["WANDB_PROJECT"] = config.project
     os.environ["WANDB_RUN_GROUP"] = config.group or group
@@ -241,3 +250,12 @@ def wandb_environment(config: WandbConfig, group: str) -> bool:
     if config.tags:
         os.environ["WANDB_TAGS"] = ",".join(config.tags)
     return True
+
+
+def private_environment() -> dict[str, str]:
+    """`PRIVATE_SETTINGS` as the variables wandb reads settings from (`Settings.update_from_env_vars`: setting `x`
+    from `WANDB_X`, a private `x_y` from `WANDB__Y`), for runs that other code starts."""
+    return {
+        ("WANDB__" + name[2:] if name.startswith("x_") else "WANDB_" + name).upper(): str(value).lower()
+        for name, value in PRIVATE_SETTINGS.items()
+    }

@@ -331,12 +331,3 @@ def test_a_bom_before_the_first_questions_line_is_not_part_of_the_json(tmp_path)
     path = tmp_path / "q.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"id": "q1", "question": "Who?", "golden_answers": ["X"]}\n')
     assert [q.id for q in load_questions(path)] == ["q1"]
-
-
-def test_the_suite_manifest_holds_no_secret(tmp_path):
-    from maps_train.config import dump_yaml, redact_secrets
-    from maps_train.evaluate.suite import SuiteConfig, SystemSpec
-
-    suite = SuiteConfig(systems=[SystemSpec(name="a", recipe="r.yaml", overrides=["backend.api_key=sk-live-123"])])
-    text = dump_yaml(redact_secrets(suite))
-    assert "sk-live-123" not in text and "backend.api_key=***" in text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import signal
 import time
 
@@ -22,7 +21,7 @@ def register(app: typer.Typer) -> None:
                  "loads them once trained."),
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
-        from maps_train.config import dump_yaml
+        from maps_train.config import dump_yaml, redact_secrets
         from maps_train.errors import MapsTrainError
         from maps_train.recipe import load_recipe
         from maps_train.serve.plan import plan_server
@@ -30,8 +29,9 @@ def register(app: typer.Typer) -> None:
 
         loaded = load_recipe(recipe, overrides or [])
         plan = plan_server(loaded, adapters_later=adapters_later)
-        typer.echo("command: " + shlex.join(plan.command))
-        routing = dump_yaml({"backend": {"base_urls": [plan.url]}, "roles": plan.routes})
+        # printed output ends up in terminals, logs (the demo's serve.log) and bug reports: never echo a key
+        typer.echo("command: " + plan.shown_command())
+        routing = dump_yaml(redact_secrets({"backend": {"base_urls": [plan.url]}, "roles": plan.routes}))
         if dry_run:
             typer.echo("# routing for the agent (paste into a recipe):\n" + routing)
             return

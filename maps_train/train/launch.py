@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from maps_train.config import redact_secrets
 from maps_train.errors import MapsTrainError
 from maps_train.platform import free_port
 
@@ -97,7 +98,7 @@ def train_all(
         command = launch_command(
             recipe_path, name, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite
         )
-        echo(f"{'+'.join(covered)}: {' '.join(command)}")
+        echo(f"{'+'.join(covered)}: {' '.join(redact_secrets(command))}")  # overrides may set backend.api_key
         returncode = subprocess.call(command)
         if returncode != 0:
             raise MapsTrainError(f"{name}: accelerate launch exited with {returncode} (command above)")
