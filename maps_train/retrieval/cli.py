@@ -83,12 +83,33 @@ def register(app: typer.Typer) -> None:
         corpus: str | None = typer.Option(None, help="The corpus, if it moved since the build"),
         max_batch: int = typer.Option(256, help="Most queries merged into one search call"),
         max_wait_ms: float = typer.Option(5.0, help="How long a request waits for others to join its batch"),
+        # ServiceLimits' defaults, written out because importing the service (FastAPI) would slow every command;
+        # tests/test_retrieval_service_limits.py checks that they agree
+        max_queries: int = typer.Option(2048, min=1, help="Most queries in one request (more: HTTP 413)"),
+        max_k: int = typer.Option(1000, min=1, help="Largest k a request may ask for (more: HTTP 413)"),
+        max_query_chars: int = typer.Option(2048, min=1, help="Longest query in characters (longer: HTTP 413)"),
+        max_hits: int = typer.Option(32768, min=1, help="Most queries x k in one request: bounds the response"),
+        max_body_bytes: int = typer.Option(2 * 1024 * 1024, min=1, help="Largest request body, checked before parsing"),
     ) -> None:
-        """Serve POST /search {queries, k} and GET /health, batching concurrent requests."""
+        """Serve POST /search {queries, k} and GET /health, batching concurrent requests.
+
+        Requests over a limit get HTTP 413, malformed ones (k not a JSON integer, a query not a valid string) 422,
+        each with a one-line detail naming the field and the option to raise.
+        """
         _log_setup()
+        from maps_train.retrieval.service import ServiceLimits
         from maps_train.retrieval.service import serve as run_service
 
-        run_service(index, host=host, port=port, corpus=corpus, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        limits = ServiceLimits(
+            max_queries=max_queries,
+            max_k=max_k,
+            max_query_chars=max_query_chars,
+            max_hits=max_hits,
+            max_body_bytes=max_body_bytes,
+        )
+        run_service(
+            index, host=host, port=port, corpus=corpus, max_batch=max_batch, max_wait_ms=max_wait_ms, limits=limits
+        )
 
     @retrieve_app.command("search")
     def search(

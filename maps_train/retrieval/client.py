@@ -6,6 +6,23 @@ import time
 
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.base import Hit
+from maps_train.safejson import scrub
+
+
+def _refusal(response) -> str:
+    """The service's one-line `detail` (its JSON error body), with what the status means for the caller."""
+    try:
+        detail = response.json()["detail"]
+    except (ValueError, KeyError, TypeError):
+        detail = response.text
+    if not isinstance(detail, str):
+        detail = str(detail)
+    detail = " ".join(detail.split())[:300]
+    meaning = {
+        413: "the request is over a service limit (split the queries, lower k, or raise the limit on `retrieve serve`)",
+        422: "the service refused a malformed request",
+    }.get(response.status_code)
+    return f"HTTP {response.status_code}: {detail}" + (f"; {meaning}" if meaning else "")
 
 
 class RetrievalClient:
@@ -34,15 +51,14 @@ class RetrievalClient:
             else:
                 if response.status_code >= 500 and attempt < self.retries:
                     error = None
-                elif response.is_error:
-                    detail = response.text[:300].replace("\n", " ")
-                    raise MapsTrainError(f"retrieval service {self.url}{path}: HTTP {response.status_code}: {detail}")
+                elif response.is_error:  # 4xx (413 over a limit, 422 malformed) would fail again: no retry
+                    raise MapsTrainError(f"retrieval service {self.url}{path}: {_refusal(response)}")
                 else:
                     return response.json()
             if attempt < self.retries:
                 time.sleep(0.5 * 2**attempt)
         if error is None:
-            raise MapsTrainError(f"retrieval service {self.url}{path}: HTTP {response.status_code}")
+            raise MapsTrainError(f"retrieval service {self.url}{path}: {_refusal(response)}")
         raise error
 
     def health(self) -> dict:
@@ -51,7 +67,8 @@ class RetrievalClient:
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
             return []
-        body = self._request("POST", "/search", json={"queries": list(queries), "k": int(k)})
+        # a lone surrogate (from a model's JSON) cannot be sent as UTF-8: it becomes U+FFFD, as in every record
+        body = self._request("POST", "/search", json={"queries": [scrub(query) for query in queries], "k": int(k)})
         return [[Hit(**hit) for hit in hits] for hits in body["hits"]]
 
     def close(self) -> None:
