@@ -1,7 +1,8 @@
 """The `maps-train` command: a thin layer over functions the tests call directly.
 
 Each stage package that has commands ships a `cli.py` with `register(app)`; only packages that provide one
-appear in `--help`. Every `MapsTrainError` is printed as one line on stderr with exit code 2.
+appear in `--help`. Every `MapsTrainError`, and every OSError (as its path and reason), is printed as one line
+on stderr with exit code 2.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 
 import typer
 
-from maps_train.errors import MapsTrainError
+from maps_train.errors import MapsTrainError, os_error_line
 from maps_train.platform import apply_runtime_defaults
 
 app = typer.Typer(
@@ -68,6 +69,9 @@ def main() -> None:
         app()
     except MapsTrainError as err:
         typer.echo(f"maps-train: error: {err}", err=True)
+        sys.exit(2)
+    except OSError as err:  # a full disk, EIO, a folder or a symlink loop where a file should be: the path, one line
+        typer.echo(f"maps-train: error: {os_error_line(err)}", err=True)
         sys.exit(2)
 
 

@@ -4,18 +4,34 @@ Every row is checked field by field (`question_from_row`), so a wrong type is on
 and field rather than a silent misread: `golden_answers: "Paris"` is the one alias "Paris" (not five letters), a
 null id is an error (an absent id is generated as `{dataset}-{line}`), `options` must be a list of strings. A
 question id seen twice in one file is an error naming both lines (results are keyed by id).
+
+Bounds, checked as each row loads so bad input stops before any model runs: a line of a questions file is at
+most `MAX_LINE_BYTES` (read only that far), a question at most `MAX_QUESTION_CHARS` characters, an option at most
+`MAX_OPTION_CHARS`, and at most `MAX_OPTIONS` options (one per answer letter A-J that scoring knows). An id must
+be valid Unicode text: a lone surrogate (JSON `"\\ud800"`) is refused, since every file written holds valid UTF-8
+and the id would come back as U+FFFD, never matching on resume.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maps_train import safejson
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
+
+# A multi-hop question is a few hundred characters and a GPQA one a few thousand; far beyond these a row is a
+# mistake (a document pasted as the question), and it would fill every prompt of every round with it.
+MAX_QUESTION_CHARS = 32_000
+MAX_OPTION_CHARS = 8_000
+MAX_OPTIONS = 10  # the answer letters A-J of `records.metrics.LETTERS`: an 11th option could never be scored
+# FlashRAG rows carry metadata (supporting facts, contexts) of tens of KB; 4 MiB is far above any real row.
+MAX_LINE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass
@@ -55,6 +71,8 @@ def _check_id(value: Any, where: str) -> str:
     text = str(value)
     if not text.strip():
         raise MapsTrainError(f"{where}: id: empty string (leave the field out to get a generated id)")
+    if safejson.has_lone_surrogate(text):
+        raise MapsTrainError(f"{where}: id: holds a lone surrogate ({text[:40]!r}), which no UTF-8 file can store")
     return text
 
 
@@ -63,6 +81,8 @@ def _check_question(value: Any, where: str) -> str:
         raise MapsTrainError(f"{where}: question: expected a string, got {_kind(value)}")
     if not value.strip():
         raise MapsTrainError(f"{where}: question: empty string")
+    if len(value) > MAX_QUESTION_CHARS:
+        raise MapsTrainError(f"{where}: question: {len(value):,} characters (at most {MAX_QUESTION_CHARS:,})")
     return value
 
 
@@ -96,11 +116,15 @@ def _check_options(value: Any, where: str) -> list[str] | None:
         raise MapsTrainError(f"{where}: options: expected a list of strings, got {_kind(value)}")
     if not value:
         raise MapsTrainError(f"{where}: options: empty list (leave the field out for a short-answer question)")
+    if len(value) > MAX_OPTIONS:
+        raise MapsTrainError(f"{where}: options: {len(value)} options, at most {MAX_OPTIONS} (letters A-J)")
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise MapsTrainError(f"{where}: options[{i}]: expected a string, got {_kind(item)}")
         if not item.strip():
             raise MapsTrainError(f"{where}: options[{i}]: empty string")
+        if len(item) > MAX_OPTION_CHARS:
+            raise MapsTrainError(f"{where}: options[{i}]: {len(item):,} characters (at most {MAX_OPTION_CHARS:,})")
     return list(value)
 
 
@@ -163,12 +187,16 @@ class UniqueIds:
 def iter_questions(path: str | Path, dataset: str | None = None) -> Iterator[Question]:
     """Read FlashRAG-format JSONL (`id`, `question`, `golden_answers`, `metadata`); errors name file and line.
 
-    A row without `id` gets `{dataset}-{line}`; an id seen twice is an error naming both lines.
+    A row without `id` gets `{dataset}-{line}`; an id seen twice is an error naming both lines. Without
+    `dataset`, a question's data set is the name of the folder holding the file, taken from the path made
+    absolute (`os.path.abspath`: the working directory for a relative path, `.` and `..` folded, symlinks not
+    followed), so `dev.jsonl` run inside `data/hotpotqa/` and `/abs/data/hotpotqa/dev.jsonl` both give
+    `hotpotqa`. A row's own `dataset` field wins over either.
     """
     path = Path(path)
-    name = dataset if dataset is not None else path.parent.name
+    name = dataset if dataset is not None else Path(os.path.abspath(path)).parent.name
     seen = UniqueIds()
-    for number, row in iter_jsonl(path, "questions file"):
+    for number, row in iter_jsonl(path, "questions file", MAX_LINE_BYTES):
         where = f"{path}:{number}"
         if "id" not in row:
             row = {**row, "id": f"{name}-{number}"}

@@ -116,6 +116,12 @@ def raw_decode(text: str, start: int, max_depth: int = MAX_DEPTH) -> tuple[Any, 
         return None
 
 
+def has_lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate, which `dumps_line` would write as U+FFFD (so it never reads back
+    equal: an id must be refused before it becomes a key)."""
+    return _LONE_SURROGATE.search(text) is not None
+
+
 def scrub(text: str) -> str:
     """`text` with every lone surrogate replaced by U+FFFD, so it encodes as UTF-8."""
     return _LONE_SURROGATE.sub("\ufffd", text)

@@ -24,6 +24,7 @@ import yaml
 
 from maps_train.errors import MapsTrainError
 from maps_train.records import KeyedJsonl, TraceRecord, iter_traces
+from maps_train.records.trace import restore_lost_answers
 
 # --- the torn-line rule on KeyedJsonl ------------------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ def test_a_complete_bad_last_line_is_a_one_line_error_and_nothing_is_cut(tmp_pat
     before = line("q1") + b'{"question_id": "q2", "ans\n'  # ended by a newline: an edit or a bug, never a kill
     path.write_bytes(before)
     store = KeyedJsonl(path)
-    for attempt in (store.load, lambda: store.keep_only({"q1"})):
+    for attempt in (store.load, lambda: restore_lost_answers(KeyedJsonl(tmp_path / "a.jsonl"), store, {"q1": {}})):
         with pytest.raises(MapsTrainError, match=rf"^{re.escape(str(path))}:2: invalid JSON") as err:
             attempt()
         assert "\n" not in str(err.value)

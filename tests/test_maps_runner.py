@@ -67,8 +67,8 @@ def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_pat
     torn = read_lines(answers_path)[-1]["question_id"]  # continuous: whichever question finished last
     answers_path.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.rstrip("\n").rsplit("\n", 1)[1][:25])
     records, backend = run(tmp_path, 5, schedule=schedule)
-    # Only the torn question and the two new ones were run again.
-    assert sorted({r.question_id for r in backend.requests("answer")}) == sorted([torn, "q3", "q4"])
+    # Only the two new ones were run: the torn answer line was rebuilt from its question's complete trace.
+    assert sorted({r.question_id for r in backend.requests("answer")}) == ["q3", "q4"] and torn in ("q0", "q1", "q2")
     assert [r.question_id for r in records] == ["q0", "q1", "q2", "q3", "q4"]
     answers = read_lines(answers_path)
     assert sorted(a["question_id"] for a in answers) == ["q0", "q1", "q2", "q3", "q4"]
@@ -76,15 +76,16 @@ def test_resume_after_a_torn_last_line_gives_every_question_exactly_once(tmp_pat
     assert sorted(trace_ids) == ["q0", "q1", "q2", "q3", "q4"]
 
 
-def test_a_trace_without_its_answer_line_is_replaced_not_duplicated(tmp_path, schedule):
+def test_a_trace_without_its_answer_line_gets_its_answer_back_not_a_rerun(tmp_path, schedule):
     run(tmp_path, 2, schedule=schedule)
     answers_path = tmp_path / "answers.jsonl"
+    whole = answers_path.read_text()
     first, second = (row["question_id"] for row in read_lines(answers_path))
-    answers_path.write_text(answers_path.read_text().splitlines(keepends=True)[0])  # killed after `second`'s trace
+    answers_path.write_text(whole.splitlines(keepends=True)[0])  # killed after `second`'s trace
     records, backend = run(tmp_path, 2, schedule=schedule)
-    assert [r.question_id for r in backend.requests("answer")] == [second]
+    assert backend.batches == []  # the answer line is rebuilt from the complete trace: nothing runs again
     assert [t.question_id for _, t in iter_traces(tmp_path / "traces.jsonl")] == [first, second]
-    assert len(records) == 2
+    assert answers_path.read_text() == whole and len(records) == 2
 
 
 def test_a_complete_last_line_without_newline_is_kept(tmp_path, schedule):

@@ -4,42 +4,34 @@ Questions go through the engine by `agent.schedule` (see `maps_train.agents.sche
 (continuous: written the moment it finishes) or in chunks of `agent.batch_size` (step: written when the chunk is
 done). Each finished question appends its trace, then its answer record (both flushed); the answer file is the
 record of what is done. On a rerun, questions already
-in `answers.jsonl` are skipped, a torn last line is cut off, and traces without an answer line (a kill between
-the two appends) are dropped before the question is run again, so neither file ever holds a question twice.
+in `answers.jsonl` are skipped, a torn last line is cut off, and a trace without its answer line (a kill between
+the two appends) gets that line rebuilt from the trace, so the question is not run again, no complete trace is
+ever deleted, and neither file ever holds a question twice. Question ids are compared exactly as written, so an
+id that no UTF-8 file can hold (a lone surrogate) is refused before anything runs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from maps_train import safejson
 from maps_train.agents.engine import Engine
 from maps_train.agents.registry import engine_class
 from maps_train.agents.schedule import advance
-from maps_train.errors import MapsTrainError
+from maps_train.errors import MapsTrainError, io_errors
 from maps_train.llm.types import Backend
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.records.answer import AnswerRecord
 from maps_train.records.shards import ANSWERS_FILE, TRACES_FILE
 from maps_train.records.store import KeyedJsonl
-from maps_train.records.trace import TraceRecord
+from maps_train.records.trace import TraceRecord, restore_lost_answers
 from maps_train.retrieval.base import Retriever
 
 
 def answer_record(trace: TraceRecord) -> AnswerRecord:
     """The line of answers.jsonl for one question (what evaluation reads)."""
-    return AnswerRecord(
-        question_id=trace.question_id,
-        answer=trace.final_answer,
-        method=trace.method,
-        dataset=trace.dataset,
-        rounds=trace.num_rounds,
-        retrieval_rounds=trace.retrieval_rounds,
-        stop_reason=trace.stop_reason,
-        cost=trace.cost,
-        parse_failures=dict(trace.parse_failures),
-        config_digest=trace.config_digest,
-    )
+    return trace.answer_record()
 
 
 def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retriever | None = None) -> Engine:
@@ -56,11 +48,17 @@ def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retr
     return cls(recipe, backend, retriever)
 
 
-def _check_unique(questions: list[Question]) -> None:
+def _check_ids(questions: list[Question]) -> None:
+    """Ids are the keys of both files: unique, and written back exactly (a lone surrogate would come back as
+    U+FFFD and never match again, so every rerun would answer the question once more)."""
     seen: set[str] = set()
     for question in questions:
         if question.id in seen:
             raise MapsTrainError(f"question id '{question.id}' appears twice in the input; ids must be unique")
+        if safejson.has_lone_surrogate(question.id):
+            raise MapsTrainError(
+                f"question id {question.id[:40]!r}: holds a lone surrogate, which no UTF-8 file can store"
+            )
         seen.add(question.id)
 
 
@@ -77,15 +75,15 @@ def run_method(
     input order. Writes `<out_dir>/answers.jsonl` and `<out_dir>/traces.jsonl`."""
     from tqdm.auto import tqdm
 
-    _check_unique(questions)
+    _check_ids(questions)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with io_errors(out, "create the output folder"):
+        out.mkdir(parents=True, exist_ok=True)
     answers = KeyedJsonl(out / ANSWERS_FILE)
     traces = KeyedJsonl(out / TRACES_FILE)
-    done = {
-        key: AnswerRecord.from_dict(row, f"{answers.path}: question {key}") for key, row in answers.load().items()
-    }
-    traces.keep_only(set(done))
+    rows = answers.load()
+    restore_lost_answers(answers, traces, rows)
+    done = {key: AnswerRecord.from_dict(row, f"{answers.path}: question {key}") for key, row in rows.items()}
 
     todo = [q for q in questions if q.id not in done]
     built_backend = backend is None

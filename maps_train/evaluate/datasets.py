@@ -8,7 +8,9 @@
   UTF-8 (a leading BOM, as Excel writes it, is dropped so `Record ID` keeps its name); errors name the file line
   where the record starts, which differs from the row number once a quoted cell spans lines.
 
-Every loader rejects a question id seen twice in one data set, naming both places (results are keyed by id).
+Every loader rejects a question id seen twice in one data set, naming both places (results are keyed by id), and
+checks every question like a JSONL row (`maps_train.questions`: sizes, at most ten options, ids). A CSV header
+that names a column twice is refused.
 
 The default local layout is FlashRAG's, `<data_root>/<name>/<split>.jsonl`, which is also the layout of
 `../shared/realdata`: `data_root: ../shared/realdata` loads those files as they are.
@@ -26,8 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from maps_train.config import decode_utf8
-from maps_train.errors import MapsTrainError
-from maps_train.questions import Question, UniqueIds, load_questions
+from maps_train.errors import MapsTrainError, io_errors
+from maps_train.questions import Question, UniqueIds, load_questions, question_from_row
 from maps_train.records.metrics import LETTERS
 
 FLASHRAG_HUB = "RUC-NLPIR/FlashRAG_datasets"
@@ -85,19 +87,20 @@ def gpqa_question(row: dict[str, Any], number: int, seed: int, where: str) -> Qu
     random.Random(f"gpqa:{seed}:{question_id}").shuffle(order)
     shuffled = [options[i] for i in order]
     letter = LETTERS[order.index(0)]
-    return Question(
-        id=question_id,
-        question=str(row["Question"]).strip(),
-        golden_answers=[letter],
-        options=shuffled,
-        dataset="gpqa",
-        metadata={
+    # through the same checks as a JSONL row: the size bounds and the id rules hold for every loader
+    fields = {
+        "id": question_id,
+        "question": str(row["Question"]).strip(),
+        "golden_answers": [letter],
+        "options": shuffled,
+        "metadata": {
             "correct_answer": correct,
             "shuffle_seed": seed,
             "subdomain": row.get("Subdomain"),
             "high_level_domain": row.get("High-level domain"),
         },
-    )
+    }
+    return question_from_row(fields, where, dataset="gpqa")
 
 
 def iter_csv_records(
@@ -105,15 +108,19 @@ def iter_csv_records(
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """(line where the record starts, header -> cell) for every non-blank record of a UTF-8 CSV file.
 
-    The header is line 1 and must name every `required` column. Bad bytes, a cell over `csv.field_size_limit()`
-    characters, or a record with more cells than the header (a quoting slip) is a `MapsTrainError` naming
-    `path:line`.
+    The header is line 1, must name every `required` column and may name a column only once (a record maps
+    header -> cell, so a second "Correct Answer" would silently win over the first). Bad bytes, a cell over
+    `csv.field_size_limit()` characters, or a record with more cells than the header (a quoting slip) is a
+    `MapsTrainError` naming `path:line`; an OS error reading the file is one line naming it.
     """
-    text = decode_utf8(path.read_bytes(), path)
+    with io_errors(path, "read"):
+        data = path.read_bytes()
+    text = decode_utf8(data, path)
     reader = csv.reader(io.StringIO(text, newline=""))
     start = 1
     try:
         header = [name.strip() for name in next(reader, [])]
+        _check_unique_header(header, path)
         missing = [column for column in required if column not in header]
         if missing:
             raise MapsTrainError(f"{path}:1: missing column '{missing[0]}' (expected {header_hint})")
@@ -134,6 +141,16 @@ def iter_csv_records(
                 f"{path}:{line}: a cell is longer than {csv.field_size_limit()} characters (csv.field_size_limit)"
             ) from None
         raise MapsTrainError(f"{path}:{line}: invalid CSV ({err})") from None
+
+
+def _check_unique_header(header: list[str], path: Path) -> None:
+    """Refuse a column named twice; blank names (trailing commas, an unnamed index column) name nothing read."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise MapsTrainError(f"{path}:1: column {name[:80]!r} appears twice in the header")
+        if name:
+            seen.add(name)
 
 
 def load_gpqa_csv(path: str | Path, seed: int = 0) -> list[Question]:

@@ -12,8 +12,9 @@ writes `answers.jsonl` (and its traces) in `out_dir`, append-only and resumable 
 A runner of another tool may return plain dicts: they are read with `AnswerRecord.from_dict`, which requires
 `question_id` and `answer`, checks every other field's type, and counts missing cost counters as 0.
 
-Layout of `out_dir`: suite.yaml, samples.json (seed, size and ids of every sample), results.jsonl, the report
-files (see `report.py`), `runs/<system>/<dataset>/` (the runner's answers.jsonl and traces), `wandb/`.
+Layout of `out_dir`: suite.yaml, samples.json (seed, size and ids of every sample; both written atomically),
+results.jsonl, the report files (see `report.py`), `runs/<system>/<dataset>/` (the runner's answers.jsonl and
+traces), `wandb/`.
 """
 
 from __future__ import annotations
@@ -25,19 +26,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from maps_train import safejson
 from maps_train.config import check_plain_name, dump_yaml, load_config, redact_secrets, to_dict
-from maps_train.errors import ConfigError, MapsTrainError
+from maps_train.errors import ConfigError, MapsTrainError, io_errors
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
 from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
+from maps_train.paths import write_text_atomic
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
 from maps_train.records.shards import Shard
+from maps_train.records.store import absent
 from maps_train.tracking import Tracker, WandbConfig, artifact_name, make_tracker
 
 RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
+SAMPLES_FILE = "samples.json"
 
 
 @dataclass
@@ -261,13 +266,8 @@ def run_suite(
 
     out_dir = Path(suite.out_dir) if shard is None else shard.out_dir(suite.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SUITE_MANIFEST).write_text(dump_yaml(redact_secrets(suite)), encoding="utf-8")
-    samples_path = out_dir / "samples.json"
-    samples = json.loads(samples_path.read_text()) if samples_path.is_file() else {}
-    for name, chosen in questions.items():
-        record = chosen[0].metadata["sample"] if chosen else {"seed": None, "n": 0, "population": 0}
-        samples[name] = {**record, "question_ids": [q.id for q in chosen]}
-    samples_path.write_text(json.dumps(samples, indent=1), encoding="utf-8")
+    write_text_atomic(out_dir / SUITE_MANIFEST, dump_yaml(redact_secrets(suite)))
+    write_samples(out_dir / SAMPLES_FILE, questions)
     if shard is not None:  # samples.json keeps the whole sample: every shard's copy is the same
         questions = {name: shard.select(chosen) for name, chosen in questions.items()}
 
@@ -292,6 +292,32 @@ def run_suite(
         tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
         _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
     return SuiteOutcome(out_dir, out_dir / RESULTS, summary, files, scored, unanswered)
+
+
+def read_samples(path: Path) -> dict[str, Any]:
+    """samples.json as written (data set -> seed, sizes, ids); absent: empty. Damage is a one-line error naming
+    the file, never silently replaced: it holds the samples of data sets this run may not touch."""
+    if absent(path):
+        return {}
+    with io_errors(path, "read"):
+        data = path.read_bytes()
+    try:
+        samples = safejson.loads(data)
+    except safejson.JSONLimitError as err:
+        raise MapsTrainError(f"{path}: invalid JSON ({err}); delete it to write it anew") from None
+    if not isinstance(samples, dict):
+        raise MapsTrainError(f"{path}: expected a JSON object (data set -> sample); delete it to write it anew")
+    return samples
+
+
+def write_samples(path: Path, questions: dict[str, list[Question]]) -> None:
+    """Record each data set's sample (seed, sizes, ids) in samples.json, keeping other data sets' entries; written
+    atomically, so a kill or a full disk mid-write leaves the previous file whole."""
+    samples = read_samples(path)
+    for name, chosen in questions.items():
+        record = chosen[0].metadata["sample"] if chosen else {"seed": None, "n": 0, "population": 0}
+        samples[name] = {**record, "question_ids": [q.id for q in chosen]}
+    write_text_atomic(path, json.dumps(samples, indent=1) + "\n")
 
 
 def engines_of(recipe: Any) -> tuple:

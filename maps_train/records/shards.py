@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from maps_train.errors import MapsTrainError
 from maps_train.records.store import KeyedJsonl
+from maps_train.records.trace import restore_lost_answers
 
 ANSWERS_FILE = "answers.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -114,7 +115,7 @@ def _merge_run(source: Path, target: Path, report: MergeReport) -> None:
     """One run folder's answers (and their traces) into the same folder of the whole run."""
     answers, traces = KeyedJsonl(target / ANSWERS_FILE), KeyedJsonl(target / TRACES_FILE)
     done = answers.load()
-    traces.keep_only(set(done))  # a trace left without its answer line by a kill goes, as on resume
+    restore_lost_answers(answers, traces, done)  # a trace left without its answer line by a kill: as on resume
     incoming = KeyedJsonl(source / ANSWERS_FILE).load()
     incoming_traces = KeyedJsonl(source / TRACES_FILE).load()
     _check_same_config(source, target, done, incoming)

@@ -5,18 +5,21 @@ One torn-line rule for every such file: a kill can leave only the LAST line cut 
 newline. So a last line without a newline that does not decode is torn and is cut off before anything is appended
 (a reader that must not modify the file skips it). Every other bad line, a complete last line included, is
 somebody's edit or a bug, never a kill: it is a one-line error naming the file and line, and nothing is deleted.
-Everything written is valid UTF-8 (`safejson.dumps_line`), one flushed write per record.
+Everything written is valid UTF-8 (`safejson.dumps_line`), one flushed write per record. Nothing here ever
+rewrites or shortens a complete record. An OS error (a full disk, EIO, a folder or a symlink loop where the file
+should be) is a one-line `MapsTrainError` naming the file; a write cut short by a full disk leaves at most a torn
+last line, which the next run cuts off.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from maps_train import safejson
-from maps_train.errors import MapsTrainError
+from maps_train.errors import MapsTrainError, io_errors, os_error_line
 from maps_train.jsonl import decode_object, iter_lines
 
 Key = str | tuple[str, ...]
@@ -36,15 +39,27 @@ def read_records(path: Path, repair: bool = False) -> Iterator[tuple[int, dict[s
                 record = None
             if not isinstance(record, dict):  # torn by a kill mid-write
                 if repair:
-                    with path.open("r+b") as handle:
+                    with io_errors(path, "cut its torn last line"), path.open("r+b") as handle:
                         handle.truncate(start)
                 return
             if repair:  # complete, only its newline was lost: finish the line so the next record starts fresh
-                with path.open("ab") as handle:
+                with io_errors(path, "append"), path.open("ab") as handle:
                     handle.write(b"\n")
             yield number, record
             return
         yield number, decode_object(line, f"{path}:{number}")
+
+
+def absent(path: Path) -> bool:
+    """Whether nothing is at `path` yet (a link to a file not made yet counts as absent). Unlike `Path.exists`,
+    which answers False, a symlink loop or a folder without permission is a one-line error naming the path."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return True
+    except OSError as err:
+        raise MapsTrainError(os_error_line(err, path, "read")) from err
+    return False
 
 
 class KeyedJsonl:
@@ -70,42 +85,25 @@ class KeyedJsonl:
         `repair` cuts a torn last line off (before appending); readers that only look pass False.
         """
         records: dict[Any, dict[str, Any]] = {}
-        if not self.path.exists():
+        if absent(self.path):
             return records
         for number, record in read_records(self.path, repair=repair):
             records.setdefault(self.key_of(record, f"{self.path}:{number}"), record)
         return records
 
-    def keep_only(self, keys: set) -> int:
-        """Rewrite the file without records outside `keys` and without repeats; returns how many were dropped.
-
-        Used to drop traces whose answer line never got written (a kill between the two appends).
-        """
-        if not self.path.exists():
-            return 0
-        kept, seen, dropped = [], set(), 0
-        for number, record in read_records(self.path, repair=True):
-            key = self.key_of(record, f"{self.path}:{number}")
-            if key in keys and key not in seen:
-                seen.add(key)
-                kept.append(record)
-            else:
-                dropped += 1
-        if dropped:
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            with tmp.open("w", encoding="utf-8") as handle:
-                handle.writelines(safejson.dumps_line(record) for record in kept)
-            os.replace(tmp, self.path)
-        return dropped
-
     def append(self, record: dict[str, Any]) -> None:
         self.key_of(record, str(self.path))
-        if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = self.path.open("a", encoding="utf-8")
-        # One write per record, flushed: a kill loses at most the record being written.
-        self._handle.write(safejson.dumps_line(record))
-        self._handle.flush()
+        line = safejson.dumps_line(record)
+        try:
+            if self._handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = self.path.open("a", encoding="utf-8")
+            # One write per record, flushed: a kill loses at most the record being written.
+            self._handle.write(line)
+            self._handle.flush()
+        except OSError as err:
+            self._drop_handle()  # a later append reopens the file rather than reuse a failed handle
+            raise MapsTrainError(os_error_line(err, self.path, "append")) from err
 
     def extend(self, records: Iterable[dict[str, Any]]) -> int:
         count = 0
@@ -116,8 +114,17 @@ class KeyedJsonl:
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            with io_errors(self.path, "close"):
+                handle.close()
+
+    def _drop_handle(self) -> None:
+        """Close the handle after a failed write; its flush fails again and is ignored (the file is closed anyway,
+        and what reached the disk is at most a torn last line)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
 
     def __enter__(self) -> KeyedJsonl:
         return self

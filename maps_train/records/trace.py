@@ -15,7 +15,8 @@ from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import decode_object, iter_lines
-from maps_train.records.answer import Cost, RecordFormatError
+from maps_train.records.answer import AnswerRecord, Cost, RecordFormatError
+from maps_train.records.store import KeyedJsonl, read_records
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -218,6 +219,21 @@ class TraceRecord:
             calls.append(self.final_call)
         return calls
 
+    def answer_record(self) -> AnswerRecord:
+        """This question's line of answers.jsonl (what evaluation reads): everything it needs is in the trace."""
+        return AnswerRecord(
+            question_id=self.question_id,
+            answer=self.final_answer,
+            method=self.method,
+            dataset=self.dataset,
+            rounds=self.num_rounds,
+            retrieval_rounds=self.retrieval_rounds,
+            stop_reason=self.stop_reason,
+            cost=self.cost,
+            parse_failures=dict(self.parse_failures),
+            config_digest=self.config_digest,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["cost"] = self.cost.to_dict()
@@ -280,3 +296,27 @@ def iter_traces(path: str | Path) -> Iterator[tuple[int, TraceRecord | TraceForm
             yield number, TraceFormatError(f"{where}: {err}")
         except MapsTrainError as err:  # not JSON, not UTF-8, not an object: already names the line
             yield number, TraceFormatError(str(err))
+
+
+def restore_lost_answers(answers: KeyedJsonl, traces: KeyedJsonl, done: dict[Any, dict[str, Any]]) -> int:
+    """Append the answer line of every trace in `traces` whose key `done` (the rows of `answers`) lacks; returns
+    how many. A run appends a question's trace, then its answer line, so a kill between the two leaves a complete
+    trace without its answer: the answer is rebuilt from that trace rather than the trace deleted and the question
+    run again. `done` gains the restored rows. A torn last trace line is cut off first (the torn-line rule).
+    """
+    if not traces.path.exists():
+        return 0
+    restored = 0
+    with answers:
+        for number, row in read_records(traces.path, repair=True):
+            key = traces.key_of(row, f"{traces.path}:{number}")
+            if key in done:
+                continue
+            try:
+                record = TraceRecord.from_dict(row).answer_record().to_dict()
+            except TraceFormatError as err:
+                raise TraceFormatError(f"{traces.path}:{number}: {err}") from None
+            answers.append(record)
+            done[key] = record
+            restored += 1
+    return restored
