@@ -9,7 +9,10 @@ errors name the file a bad key is written in (`Sources`).
 
 YAML is read strictly: the file must be UTF-8 (a leading BOM is dropped), a mapping key may appear once
 (`file:line: duplicate key 'x'`; PyYAML would silently keep the last), nesting stops at 64 levels and integers at
-100 digits, so a bad file is one line naming its line, never a traceback.
+100 digits, so a bad file is one line naming its line, never a traceback. Input that would only be an accident or
+an attack is refused the same way, in a few seconds at most: a file over 256 KiB, a mapping over 10,000 keys, an
+alias that refers to the node holding it (a cycle) or aliases that expand past 100,000 nodes or 64 levels (the
+"billion laughs"), a `base:` chain over 16 files, an override over 16 dotted levels.
 
 Also here: `check_plain_name` for names that become folder names, and `redact_secrets` for anything that writes a
 recipe where others can read it (run trackers, `maps-train config show`).
@@ -21,6 +24,7 @@ import codecs
 import copy
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import types
@@ -46,10 +50,20 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """`get_type_hints(cls)`, once per class: it evaluates every annotation, and a section of many entries (routes)
+    builds the same dataclass once per entry."""
+    return get_type_hints(cls)
+
+
 def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
     """Check `value` against annotation `tp`, converting where YAML is looser than Python (int -> float)."""
     origin = get_origin(tp)
-    fail = ConfigError(f"{_source_of(source, where)}: {where}: expected {_describe(tp)}, got {value!r}")
+
+    def fail() -> ConfigError:  # only on failure: the repr of a whole section at every level would be quadratic
+        return ConfigError(f"{_source_of(source, where)}: {where}: expected {_describe(tp)}, got {value!r}")
+
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
@@ -63,19 +77,19 @@ def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
                 return _coerce(value, arg, where, source)
             except ConfigError:
                 continue
-        raise fail
+        raise fail()
     if origin is Literal:
         if value in get_args(tp):
             return value
-        raise fail
+        raise fail()
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise fail
+            raise fail()
         (item_tp, *_) = get_args(tp) or (Any,)
         return [_coerce(v, item_tp, f"{where}[{i}]", source) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise fail
+            raise fail()
         key_tp, val_tp = get_args(tp) or (Any, Any)
         return {
             _coerce(k, key_tp, f"{where}.{k}", source): _coerce(v, val_tp, f"{where}.{k}", source)
@@ -85,12 +99,12 @@ def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise fail
+            raise fail()
         return _build(tp, value, where, source)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise fail
+        raise fail()
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -99,24 +113,24 @@ def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise fail
+        raise fail()
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise fail
+        raise fail()
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise fail
+        raise fail()
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise fail
+    raise fail()
 
 
 def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: Source) -> T:
-    hints = get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in raw.items():
@@ -161,7 +175,7 @@ def _checked(field: dataclasses.Field, value: Any, where: str, source: Source) -
     try:
         return check(value)
     except FieldError as err:
-        at = f"{where}.{err.key}" if err.key else where
+        at = f"{where}{'' if err.key.startswith('[') else '.'}{err.key}" if err.key else where
         raise ConfigError(f"{_source_of(source, at)}: {at}: {err.message}") from None
 
 
@@ -169,7 +183,7 @@ def check_dataclass_kwargs(cls: type, raw: dict[str, Any], what: str) -> dict[st
     """`raw` as keyword arguments of dataclass `cls` (a library's config, e.g. `trl.SFTConfig`): every key one of its
     fields (else `FieldError` with the nearest name), every value coerced to the field's annotation (YAML's "1e-4"
     string becomes a float). `what` names the class in messages."""
-    hints = get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     checked = {}
     for key, value in raw.items():
@@ -184,16 +198,29 @@ def check_dataclass_kwargs(cls: type, raw: dict[str, Any], what: str) -> dict[st
     return checked
 
 
+MAX_OVERRIDE_LEVELS = 16  # train.sft.gradient_checkpointing_kwargs.use_reentrant is 4; more is a typo or an attack
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """`text` cut for a one-line error: an override or a name can be megabytes long."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`agent.num_directions=4` -> (["agent", "num_directions"], 4); the value is parsed as YAML."""
     if "=" not in text:
-        raise ConfigError(f"override '{text}': expected KEY=VALUE, e.g. agent.num_directions=4")
+        raise ConfigError(f"override '{_shown(text)}': expected KEY=VALUE, e.g. agent.num_directions=4")
     key, _, value = text.partition("=")
+    keys = key.strip().split(".")
+    if len(keys) > MAX_OVERRIDE_LEVELS:  # each level is a nested mapping every later step walks recursively
+        raise ConfigError(
+            f"override '{_shown(key)}': {len(keys)} dotted levels (limit {MAX_OVERRIDE_LEVELS})"
+        )
     try:
         parsed = yaml.load(value, Loader=_StrictLoader) if value != "" else ""  # noqa: S506
     except (yaml.YAMLError, ValueError, OverflowError):
         parsed = value
-    return key.strip().split("."), parsed
+    return keys, parsed
 
 
 def _set_dotted(raw: dict[str, Any], keys: list[str], value: Any) -> None:
@@ -207,25 +234,67 @@ def _set_dotted(raw: dict[str, Any], keys: list[str], value: Any) -> None:
 
 MAX_YAML_DEPTH = 64  # recipes and suites nest a few levels; deeper input is an accident or an attack
 MAX_YAML_INT_DIGITS = 100
+MAX_YAML_BYTES = 256 << 10  # the largest recipe is about 4 KB; PyYAML reads about 100 KB/s
+MAX_YAML_NODES = 100_000  # after aliases are expanded: what every later step (merge, checks, dumps) walks
+MAX_YAML_KEYS = 10_000  # in one mapping; a recipe section has a few dozen
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses duplicate keys, deep nesting and huge integers with a marked error."""
+    """`yaml.SafeLoader` that refuses duplicate keys, deep nesting, huge integers, huge mappings and aliases that
+    loop or expand too far, with a marked error."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        # id(node) -> (nodes, levels) of the node with its aliases expanded; ids stay valid while the tree lives
+        self._extent: dict[int, tuple[int, int]] = {}
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         # The composer recurses once per level: bound it before Python's recursion limit turns it into a traceback.
         self._depth += 1
         try:
+            event = self.peek_event()
             if self._depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
-            return super().compose_node(parent, index)
+                raise self._refusal(f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark)
+            if isinstance(parent, yaml.MappingNode) and len(parent.value) >= MAX_YAML_KEYS:  # stop early
+                raise self._refusal(f"a mapping with more than {MAX_YAML_KEYS} keys", event.start_mark)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if isinstance(event, yaml.AliasEvent):
+            return self._aliased(node, event)
+        return self._measured(node)
+
+    @staticmethod
+    def _refusal(problem: str, mark: Any) -> yaml.composer.ComposerError:
+        return yaml.composer.ComposerError(None, None, problem, mark)
+
+    def _aliased(self, node: yaml.Node, event: yaml.AliasEvent) -> yaml.Node:
+        """An alias names a node composed earlier; one still being composed holds the alias itself: a cycle, which
+        every recursive step after loading (merge, checks, dumps) would follow until Python's recursion limit."""
+        if id(node) not in self._extent:
+            raise self._refusal(f"alias *{event.anchor} refers to a node that contains it (a cycle)", event.start_mark)
+        return node
+
+    def _measured(self, node: yaml.Node) -> yaml.Node:
+        """Record `node`'s size and depth with aliases expanded (its children were measured as they were composed),
+        so a few lines of aliases that expand to billions of nodes (or past the depth limit) are refused in time
+        linear in the text, before anything walks the expansion."""
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        extents = [self._extent[id(child)] for child in children]
+        nodes = 1 + sum(count for count, _ in extents)
+        levels = 1 + max((depth for _, depth in extents), default=0)
+        if nodes > MAX_YAML_NODES:
+            raise self._refusal(f"expands to more than {MAX_YAML_NODES} nodes through aliases", node.start_mark)
+        if levels > MAX_YAML_DEPTH:
+            raise self._refusal(f"nested deeper than {MAX_YAML_DEPTH} levels through aliases", node.start_mark)
+        self._extent[id(node)] = (nodes, levels)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         _reject_duplicate_keys(self, node)
@@ -311,7 +380,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such recipe file")
-    raw = parse_yaml(decode_utf8(path.read_bytes(), path), path) or {}
+    with path.open("rb") as handle:
+        data = handle.read(MAX_YAML_BYTES + 1)  # never more, whatever the file grows to while we read
+    if len(data) > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES} bytes, the limit of a recipe file")
+    raw = parse_yaml(decode_utf8(data, path), path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return raw
@@ -328,7 +401,10 @@ class Sources:
 
     def __init__(self, default: str):
         self.default = default  # for keys no file wrote (a missing required field): the file the user named
-        self.origins: dict[str, str] = {}
+        self.origins: dict[str, str] = {}  # in the order written: see `latest`
+        # key -> keys recorded below it, so replacing a section forgets its keys without scanning every key (which
+        # made a file of many keys quadratic). May still name keys replaced since: those are popped harmlessly.
+        self._below: dict[str, set[str]] = {}
 
     def at(self, where: str) -> str:
         key = where
@@ -346,12 +422,21 @@ class Sources:
 
     def record(self, where: str, value: Any, origin: str) -> None:
         """`where` (and everything below it) now comes from `origin`; what an earlier file put below it is gone."""
-        for key in [k for k in self.origins if k == where or k.startswith((f"{where}.", f"{where}["))]:
-            del self.origins[key]
-        self.origins[where] = origin
+        for key in self._below.pop(where, ()):
+            self.origins.pop(key, None)
+        self.touch(where, origin)
         if isinstance(value, dict):
             for key, item in value.items():
                 self.record(f"{where}.{key}", item, origin)
+
+    def touch(self, where: str, origin: str) -> None:
+        """`where` itself now comes from `origin` and is the latest key written (what is below it stays)."""
+        self.origins.pop(where, None)
+        self.origins[where] = origin
+        parent = _parent_key(where)
+        while parent:
+            self._below.setdefault(parent, set()).add(where)
+            parent = _parent_key(parent)
 
 
 Source = str | Sources
@@ -373,8 +458,7 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any], sources: Sources, 
         where = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             deep_merge(base[key], value, sources, origin, where)
-            sources.origins.pop(where, None)  # re-inserted last: see Sources.latest
-            sources.origins[where] = origin
+            sources.touch(where, origin)  # re-inserted last: see Sources.latest
         else:
             base[key] = value
             sources.record(where, value, origin)
@@ -389,26 +473,43 @@ def _base_path(path: Path, base: Any) -> Path:
     return base_path
 
 
-def read_layered(path: str | Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Sources]:
+MAX_BASE_CHAIN = 16  # files in one chain; a student on its teacher is 2
+
+
+def _base_chain(path: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(file, its YAML without `base`) from `path` down to the recipe with no base, read in a loop (a long chain
+    is one line, not a recursion); a cycle or a chain over MAX_BASE_CHAIN files is one line."""
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    resolved_chain: list[Path] = []
+    while True:
+        resolved = path.resolve()
+        if resolved in resolved_chain:
+            loop = " -> ".join(str(p) for p in (*resolved_chain, resolved))
+            raise ConfigError(f"{path}: {BASE_KEY}: recipes that are each other's base ({loop})")
+        raw = read_yaml(path)
+        base = raw.pop(BASE_KEY, None)
+        chain.append((path, raw))
+        resolved_chain.append(resolved)
+        if base is None:
+            return chain
+        if len(chain) == MAX_BASE_CHAIN:
+            raise ConfigError(f"{path}: {BASE_KEY}: a chain of more than {MAX_BASE_CHAIN} recipes (from {chain[0][0]})")
+        path = _base_path(path, base)
+
+
+def read_layered(path: str | Path) -> tuple[dict[str, Any], Sources]:
     """A recipe file with its `base` chain resolved: the base's YAML first, deep-merged under the file's own.
 
     Returns the merged mapping (without `base` keys) and where each key came from. A cycle is one line.
     """
-    path = Path(path)
-    resolved = path.resolve()
-    if resolved in chain:
-        loop = " -> ".join(str(p) for p in (*chain, resolved))
-        raise ConfigError(f"{path}: {BASE_KEY}: recipes that are each other's base ({loop})")
-    raw = read_yaml(path)
-    base = raw.pop(BASE_KEY, None)
-    if base is None:
-        sources = Sources(str(path))
-        for key, value in raw.items():
-            sources.record(str(key), value, str(path))
-        return raw, sources
-    merged, sources = read_layered(_base_path(path, base), (*chain, resolved))
-    sources.default = str(path)
-    deep_merge(merged, raw, sources, str(path))
+    chain = _base_chain(Path(path))
+    bottom, merged = chain[-1]
+    sources = Sources(str(bottom))
+    for key, value in merged.items():
+        sources.record(str(key), value, str(bottom))
+    for layer, raw in reversed(chain[:-1]):
+        sources.default = str(layer)
+        deep_merge(merged, raw, sources, str(layer))
     return merged, sources
 
 
@@ -552,19 +653,47 @@ MAX_NAME_LENGTH = 100
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
-def check_plain_name(name: object, where: str) -> str:
-    """`name` if it is safe as one folder name, else `ConfigError` (`where: 'x' is not a plain name ...`).
+def plain_name_problem(name: object) -> str | None:
+    """Why `name` is not safe as one folder name (`'x' is not a plain name (...)`), or None when it is.
 
     Plain: ASCII letters, digits, `.`, `_`, `-`; not starting with `.` (no `..`, no hidden folders) or `-` (not
-    read as an option); 1 to 100 characters. Suite, system and data set names become run folders under out_dir, so
-    `..`, `a/b`, an empty name or a NUL would put results somewhere else or nowhere.
+    read as an option); 1 to 100 characters. Names in recipes and suites (adapters, roles, systems, data sets, runs)
+    become folders under an output folder, so `..`, `a/b`, an absolute path, an empty name or a NUL would put files
+    somewhere else (or, for `train --overwrite`, remove them there) or nowhere.
     """
     if isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and _PLAIN_NAME.fullmatch(name):
-        return name
+        return None
     shown = repr(name) if not isinstance(name, str) or len(name) <= 60 else repr(name[:60]) + "..."
     rule = "letters, digits, '.', '_', '-'"
     if isinstance(name, str) and name[:1] in (".", "-"):
         rule += "; not starting with '.' or '-'"
     elif isinstance(name, str) and len(name) > MAX_NAME_LENGTH:
         rule += f"; at most {MAX_NAME_LENGTH} characters"
-    raise ConfigError(f"{where}: {shown} is not a plain name ({rule})")
+    return f"{shown} is not a plain name ({rule})"
+
+
+def check_plain_name(name: object, where: str) -> str:
+    """`name` if it is safe as one folder name (`plain_name_problem`), else `ConfigError` (`where: 'x' is not a
+    plain name ...`)."""
+    problem = plain_name_problem(name)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return str(name)  # already a str: plain_name_problem checked it
+
+
+# Field checks (dataclass `metadata={"check": ...}`, see `_checked`): the loader names file and field.
+
+
+def plain_name_field(name: str) -> str:
+    """A field whose value becomes a folder or run name."""
+    problem = plain_name_problem(name)
+    if problem:
+        raise FieldError("", problem)
+    return name
+
+
+def plain_name_keys(mapping: dict[str, Any]) -> dict[str, Any]:
+    """A mapping whose keys become folder or run names."""
+    for key in mapping:
+        plain_name_field(key)
+    return mapping

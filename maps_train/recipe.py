@@ -9,6 +9,10 @@ every student reads the one teacher run. Field names are the YAML keys; see `rec
 `train.sft` and `train.lora` are the keyword arguments of TRL's `SFTConfig` and PEFT's `LoraConfig` as those
 libraries define them (over our defaults, `SFT_DEFAULTS` and `LORA_DEFAULTS`), checked against the libraries'
 own fields when the recipe loads.
+
+Every name that becomes a folder or run name (the recipe's `name`, route and trace role names, adapter names, the
+questions files whose names become trace folders) is checked when the recipe loads: one line naming the file and
+the field, before any stage writes (or `train --overwrite` removes) anything.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from maps_train.config import FieldError, plain_name_field, plain_name_keys, plain_name_problem
 from maps_train.tracking import WandbConfig
 
 _CONFIG_SOURCE = str(Path(__file__).with_name("config.py"))  # the checking code, part of a verdict's key
@@ -130,9 +135,18 @@ class AgentConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # per-request sampling over the routes'
 
 
+def check_questions_files(paths: list[str]) -> list[str]:
+    """Each entry names a file: its name becomes a folder under traces.out_dir (`.`, `..` or `dir/` would not)."""
+    for index, path in enumerate(paths):
+        if Path(path).name in ("", ".", ".."):
+            raise FieldError(f"[{index}]", f"{path!r} does not name a questions file")
+    return paths
+
+
 @dataclass
 class TracesConfig:
-    questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"])
+    questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"],
+                                 metadata={"check": check_questions_files})
     out_dir: str = "runs/traces"
     # > 1: rejection sampling. Every request of sample k carries sample_temperature, top_p and a seed derived
     # from (seed, k, question, role, call index) (see agent.sampling); sft-data keeps the correct, distinct ones.
@@ -143,19 +157,37 @@ class TracesConfig:
     seed: int = 0  # base seed of the sampled runs
 
 
+TRAINER_SUBDIR = "_trainer"  # under train.output_dir: checkpoints and trainer state, kept out of the adapter folders
+
+
+def check_adapter_roles(adapter_roles: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Adapter names become folders (`<sft>/<adapter>/`, `<train.output_dir>/<adapter>/`, which `train --overwrite`
+    removes), so each is a plain name and none is the trainer's own folder; the roles are plain names too."""
+    plain_name_keys(adapter_roles)
+    for adapter, roles in adapter_roles.items():
+        if adapter == TRAINER_SUBDIR:
+            raise FieldError("", f"'{adapter}' is the folder of the trainer's checkpoints, not an adapter name")
+        for role in roles:
+            problem = plain_name_problem(role)
+            if problem:
+                raise FieldError(adapter, problem)
+    return adapter_roles
+
+
 @dataclass
 class SFTDataConfig:
     traces_dir: str | None = None  # null: traces.out_dir (the teacher's traces, shared by every student)
     # null: <traces_dir>/sft/<key>, the key a hash of what decides the rows (`sft_set_settings`), so students whose
     # rows would be the same share one set. Rows are message lists, rendered by each student's template at training.
     out_dir: str | None = None
-    # adapter -> the trace roles whose calls train it
+    # adapter -> the trace roles whose calls train it (plain names: adapters become folders)
     adapter_roles: dict[str, list[str]] = field(
         default_factory=lambda: {
             "proposer": ["proposer"],
             "writer": ["writer"],
             "consolidator": ["consolidator", "answer"],
-        }
+        },
+        metadata={"check": check_adapter_roles},
     )
     require_correct: bool = True
     require_parsed: bool = True
@@ -360,11 +392,12 @@ class OnPolicyConfig:
 
 @dataclass
 class Recipe:
-    name: str = "default"
+    name: str = field(default="default", metadata={"check": plain_name_field})  # in run and artifact names
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     # role -> route; roles not listed use "default"
-    roles: dict[str, RoleRoute] = field(default_factory=lambda: {"default": RoleRoute()})
+    roles: dict[str, RoleRoute] = field(default_factory=lambda: {"default": RoleRoute()},
+                                        metadata={"check": plain_name_keys})
     agent: AgentConfig = field(default_factory=AgentConfig)
     traces: TracesConfig = field(default_factory=TracesConfig)
     sft_data: SFTDataConfig = field(default_factory=SFTDataConfig)

@@ -282,19 +282,35 @@ def test_adapter_check_catches_what_vllm_refuses(tiny_qwen3, tmp_path):
 # ---------------------------------------------------------------- one process, two steps: the eval loss is logged
 
 
-def test_eval_loss_is_in_the_training_summary(sft_dir, tmp_path, monkeypatch):
+def trainer_record(adapters: Path, adapter: str, name: str = "trainer_state.json") -> dict:
+    """One of the Trainer's own files for `adapter` (trainer_state.json, train_results.json, eval_results.json),
+    saved in its output folder `<train.output_dir>/_trainer/<adapter>/`."""
+    return json.loads((adapters / "_trainer" / adapter / name).read_text())
+
+
+def logged(trainer_state: dict, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every entry of the Trainer's log history holding `key`."""
+    return [(entry["step"], entry[key]) for entry in trainer_state["log_history"] if key in entry]
+
+
+def test_eval_loss_is_in_the_trainers_records(sft_dir, tmp_path, monkeypatch):
     """With an eval split, TRL evaluates every eval_steps (here every logging step): the eval losses land in the
-    trainer's log history (and so in W&B through the transformers integration) and in train_summary.json."""
+    trainer's log history (and so in W&B through the transformers integration), saved by the Trainer itself in
+    trainer_state.json and eval_results.json; train_summary.json keeps only the project's own fields."""
     from maps_train.train.__main__ import main
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     path = write_recipe(tmp_path / "r.yaml", sft_dir, tmp_path / "out", sft={"max_steps": 2, "save_steps": 100})
     assert main(["--config", str(path), "--role", "writer"]) == 0
     summary = json.loads((tmp_path / "out" / "writer" / "train_summary.json").read_text())
-    assert summary["eval_rows"] > 0 and summary["global_step"] == 2
-    steps = [step for step, _ in summary["eval_losses"]]
-    assert steps == [1, 2] and all(math.isfinite(loss) for _, loss in summary["eval_losses"])
-    assert math.isfinite(summary["eval_loss"]) and len(summary["losses"]) == 2
+    state = trainer_record(tmp_path / "out", "writer")
+    assert summary["eval_rows"] > 0 and state["global_step"] == 2
+    eval_losses = logged(state, "eval_loss")
+    assert [step for step, _ in eval_losses] == [1, 2] and all(math.isfinite(loss) for _, loss in eval_losses)
+    final_eval = trainer_record(tmp_path / "out", "writer", "eval_results.json")["eval_loss"]
+    assert final_eval == eval_losses[-1][1] and len(logged(state, "loss")) == 2
+    assert math.isfinite(trainer_record(tmp_path / "out", "writer", "train_results.json")["train_loss"])
+    assert not {"global_step", "losses", "eval_losses", "eval_loss", "train_loss", "train_runtime"} & set(summary)
 
 
 def test_bf16_on_the_cpu_trains_under_autocast_where_the_cpu_multiplies_bf16(sft_dir, tmp_path, monkeypatch):
@@ -321,8 +337,9 @@ def test_bf16_on_the_cpu_trains_under_autocast_where_the_cpu_multiplies_bf16(sft
                         sft={"max_steps": 1, "save_steps": 100, "bf16": True, "eval_strategy": "no"})
     assert main(["--config", str(path), "--role", "writer"]) == 0
     summary = json.loads((tmp_path / "out" / "writer" / "train_summary.json").read_text())
+    train_loss = trainer_record(tmp_path / "out", "writer", "train_results.json")["train_loss"]
     native = sft.cpu_multiplies_bf16()
-    assert summary["bf16"] is native and summary["dtype"] == "float32" and math.isfinite(summary["train_loss"])
+    assert summary["bf16"] is native and summary["dtype"] == "float32" and math.isfinite(train_loss)
     assert seen == [(native, torch.bfloat16 if native else torch.float32)] * len(seen)
 
 
@@ -364,8 +381,9 @@ def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adap
     for role in ROLES:
         folder = per_role_adapters / role
         summary = json.loads((folder / "train_summary.json").read_text())
-        assert summary["world_size"] == 2 and summary["global_step"] == MAX_STEPS
-        losses = [loss for _, loss in summary["losses"]]
+        state = trainer_record(per_role_adapters, role)
+        assert summary["world_size"] == 2 and state["global_step"] == MAX_STEPS
+        losses = [loss for _, loss in logged(state, "loss")]
         assert len(losses) == MAX_STEPS and all(math.isfinite(loss) for loss in losses)
         assert min(losses[2:]) < losses[0], f"{role}: loss did not go down: {losses}"
         assert summary["train_tokens_per_second"] > 0 and summary["trace_roles"]

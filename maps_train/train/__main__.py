@@ -20,8 +20,11 @@ maps-train train recipes/distill/qwen3-4b.yaml --role all --accelerate-config re
 Reads `<sft>/<adapter>/train.jsonl` (and `eval.jsonl` when present: its loss is logged every `eval_steps`; `<sft>`
 is train.sft_dir, else where `maps-train sft-data` wrote the recipe's sets), writes the adapter to
 `<train.output_dir>/<adapter>/` (weights, adapter_config.json, train_summary.json; no tokenizer files) and
-trainer checkpoints to `<train.output_dir>/_trainer/<adapter>/`. A finished adapter (its train_summary.json
-exists) is skipped unless --overwrite; an interrupted one resumes from its last checkpoint.
+trainer checkpoints to `<train.output_dir>/_trainer/<adapter>/`, beside the Trainer's own records of the run
+(`trainer_state.json`: global step and log history, every loss and eval loss; `train_results.json`,
+`eval_results.json`, `all_results.json`: its final metrics). train_summary.json holds only what the Trainer does not
+record (recipe, sources, LoRA, precision, rows, throughput). A finished adapter (its train_summary.json exists) is
+skipped unless --overwrite; an interrupted one resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -65,8 +68,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
         if state.is_main_process:
             logger.info("%s: already trained (%s exists); --overwrite retrains it", out_dir, sft.SUMMARY_FILE)
         return None
-    if overwrite and state.is_main_process:
-        sft.clear_adapter(recipe, adapter)
+    sft.prepare_output_dirs(recipe, adapter, overwrite, state)  # --overwrite removes only folders it marked
     state.wait_for_everyone()
     started = time.time()
 
@@ -119,9 +121,8 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     if last_checkpoint:
         logger.info("%s: resuming from %s", adapter, last_checkpoint)
     result = trainer.train(resume_from_checkpoint=last_checkpoint)
-    if eval_set is not None and sft.last_logged(trainer.state, "eval_loss") is None:
-        trainer.evaluate()  # the strategy did not evaluate the final weights: do it once (logged like the rest)
-    eval_losses = sft.loss_history(trainer.state.log_history, "eval_loss")
+    eval_metrics = final_eval_metrics(trainer) if eval_set is not None else {}
+    save_trainer_records(trainer, result.metrics, eval_metrics)
 
     ###############
     # Save (adapter only, checked the way vLLM will load it)
@@ -131,7 +132,6 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     summary = None
     if state.is_main_process:
         require_valid_adapter(out_dir)
-        losses = sft.loss_history(trainer.state.log_history)
         summary = {
             "recipe": recipe.name,
             "adapter": adapter,
@@ -149,12 +149,6 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
             "world_size": training_args.world_size,
             "train_rows": len(train_set),
             "eval_rows": len(eval_set) if eval_set is not None else 0,
-            "global_step": trainer.state.global_step,
-            "train_loss": result.training_loss,
-            "train_runtime": result.metrics.get("train_runtime"),
-            "losses": losses,
-            "eval_losses": eval_losses,  # (step, loss) on the held-out split, as the curve W&B shows
-            "eval_loss": eval_losses[-1][1] if eval_losses else None,  # of the final weights
             **throughput.summary(),
             "wall_seconds": round(time.time() - started, 2),
             "device": "cuda" if torch.cuda.is_available() else "cpu",
@@ -162,7 +156,9 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
         # Written last: its presence marks the adapter finished (see sft.is_trained).
         (out_dir / sft.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         logger.info("%s: saved to %s (%.1f train tokens/s)", adapter, out_dir, summary["train_tokens_per_second"])
-        record_artifacts(recipe, adapter, out_dir, summary)
+        artifact_metrics = {"train_loss": result.training_loss, "eval_loss": eval_metrics.get("eval_loss"),
+                            "global_step": trainer.state.global_step, "student": recipe.train.student}
+        record_artifacts(recipe, adapter, out_dir, artifact_metrics)
     state.wait_for_everyone()
 
     # Release this adapter's model before the next one (--role all runs several in these ranks).
@@ -173,7 +169,28 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     return summary
 
 
-def record_artifacts(recipe, adapter: str, out_dir, summary: dict) -> None:
+def final_eval_metrics(trainer) -> dict:
+    """The held-out metrics of the final weights: those the eval strategy logged at the last step, else one
+    `evaluate()` (every rank must call it; it is logged like the rest)."""
+    at_last_step = next((entry for entry in reversed(trainer.state.log_history)
+                         if entry.get("step") == trainer.state.global_step and "eval_loss" in entry), None)
+    if at_last_step is None:
+        return trainer.evaluate()
+    return {key: value for key, value in at_last_step.items() if key.startswith("eval_")}
+
+
+def save_trainer_records(trainer, train_metrics: dict, eval_metrics: dict) -> None:
+    """The Trainer's own records, into its output folder: metrics in the log and in `*_results.json`, state (global
+    step, log history) in `trainer_state.json`. Each call writes on the main rank only."""
+    trainer.log_metrics("train", train_metrics)
+    trainer.save_metrics("train", train_metrics)
+    if eval_metrics:
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+    trainer.save_state()
+
+
+def record_artifacts(recipe, adapter: str, out_dir, metrics: dict) -> None:
     """Link the SFT set and the adapter in the W&B run the transformers integration started (main rank), then end
     that run, so the next adapter of `--role all` gets its own run instead of logging into this one."""
     from maps_train import tracking
@@ -183,8 +200,8 @@ def record_artifacts(recipe, adapter: str, out_dir, summary: dict) -> None:
     tracker = tracking.active_tracker()
     sft_dir = train_sft_dir(recipe)
     tracker.use_artifact(tracking.artifact_name("sft", sft_dir), "sft", sft_dir)
-    metrics = {key: summary[key] for key in ("train_loss", "eval_loss", "global_step", "student") if summary.get(key)}
-    tracker.log_artifact(sft.adapter_artifact(recipe, adapter), "adapter", out_dir, metadata=metrics)
+    metadata = {key: value for key, value in metrics.items() if value}
+    tracker.log_artifact(sft.adapter_artifact(recipe, adapter), "adapter", out_dir, metadata=metadata)
     tracker.finish_run()
 
 

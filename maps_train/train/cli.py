@@ -17,7 +17,10 @@ def register(app: typer.Typer) -> None:
         num_processes: int = typer.Option(
             None, "--num-processes", help="Ranks to start (beats a config file's count; default: train.num_processes)."
         ),
-        overwrite: bool = typer.Option(False, "--overwrite", help="Retrain adapters that are already finished."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite",
+            help="Retrain finished adapters (removes only folders training wrote: marked .written-by-maps-train).",
+        ),
     ) -> None:
         """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`."""
         from maps_train.train.adapter_check import check_adapter

@@ -4,6 +4,11 @@
 already checked their keys against those classes); only what maps-train must decide is set here.
 
 Kept apart from the entry point so tests and benchmarks build exactly the configs the launcher uses.
+
+The folders training writes (`<train.output_dir>/<adapter>/` and `<train.output_dir>/_trainer/<adapter>/`) carry a
+marker file (`OUTPUT_MARKER`) from the moment they are created, and `--overwrite` removes a folder only when it
+holds that marker and lies where this recipe's training writes: a wrong recipe line or a symbolic link can never
+make it delete anything else.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maps_train.config import check_plain_name
 from maps_train.errors import MapsTrainError
 from maps_train.platform import cpu_multiplies_bf16
+from maps_train.recipe import TRAINER_SUBDIR
 from maps_train.tracking import artifact_name, wandb_environment
 from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
-TRAINER_SUBDIR = "_trainer"  # checkpoints and trainer state, kept out of the adapter folders
+# In every folder training creates: `--overwrite` removes only folders that hold it (see `clear_adapter`).
+OUTPUT_MARKER = ".written-by-maps-train"
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +73,8 @@ def choose_precision(train) -> Precision:
 
 
 def adapter_output_dir(recipe, adapter: str) -> Path:
-    return Path(recipe.train.output_dir) / adapter
+    # The recipe's adapter names were checked when it loaded; `--role` and recipes built in code were not.
+    return Path(recipe.train.output_dir) / check_plain_name(adapter, "adapter")
 
 
 def adapter_artifact(recipe, adapter: str) -> str:
@@ -83,7 +92,7 @@ def adapter_artifacts(recipe) -> list[tuple[str, Path]]:
 
 
 def trainer_dir(recipe, adapter: str) -> Path:
-    return Path(recipe.train.output_dir) / TRAINER_SUBDIR / adapter
+    return Path(recipe.train.output_dir) / TRAINER_SUBDIR / check_plain_name(adapter, "adapter")
 
 
 def is_trained(recipe, adapter: str) -> bool:
@@ -186,19 +195,100 @@ def save_adapter(trainer, folder: Path, base_model: str) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def _output_dirs(recipe, adapter: str) -> list[tuple[Path, Path, bool]]:
+    """(folder, the folder it must lie in, whether it holds trainer state) of everything training writes for
+    `adapter`: the adapter itself and its checkpoints."""
+    root = Path(recipe.train.output_dir)
+    return [(adapter_output_dir(recipe, adapter), root, False),
+            (trainer_dir(recipe, adapter), root / TRAINER_SUBDIR, True)]
+
+
+def _written_before_markers(folder: Path, adapter: str, trainer_state: bool) -> bool:
+    """A folder of ours from before the marker existed: trainer state (nothing but TRL's `checkpoint-<step>`
+    folders), or a finished adapter (our train_summary.json naming this adapter, beside its adapter_config.json)."""
+    if trainer_state:
+        entries = list(folder.iterdir())
+        return bool(entries) and all(e.is_dir() and e.name.removeprefix("checkpoint-").isdigit() for e in entries)
+    try:
+        summary = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("adapter") == adapter and (folder / "adapter_config.json").is_file()
+
+
+def _removal_problem(folder: Path, parent: Path, adapter: str, trainer_state: bool) -> str | None:
+    """Why `--overwrite` must not remove `folder` (None when it may): it is a link, it resolves outside `parent`
+    (under the output root), or nothing says maps-train wrote it."""
+    if folder.is_symlink():
+        return "is a symbolic link"
+    if folder.resolve().parent != parent.resolve():
+        return f"resolves to {folder.resolve()}, outside {parent.resolve()}"
+    if not folder.is_dir():
+        return "is not a folder"
+    if (folder / OUTPUT_MARKER).is_file() or _written_before_markers(folder, adapter, trainer_state):
+        return None
+    return f"has no {OUTPUT_MARKER}: not a folder maps-train training wrote"
+
+
+def check_clearable(recipe, adapter: str) -> None:
+    """Raise (one line, nothing removed) unless `--overwrite` may remove every folder training wrote for `adapter`."""
+    for folder, parent, trainer_state in _output_dirs(recipe, adapter):
+        if not folder.exists() and not folder.is_symlink():
+            continue
+        problem = _removal_problem(folder, parent, adapter, trainer_state)
+        if problem:
+            raise MapsTrainError(f"{folder}: --overwrite refused: it {problem} (remove it yourself if it is to go)")
+
+
 def clear_adapter(recipe, adapter: str) -> None:
-    """Forget a finished adapter (for --overwrite): its folder and its trainer state."""
-    for folder in (adapter_output_dir(recipe, adapter), trainer_dir(recipe, adapter)):
+    """Forget a finished adapter (for --overwrite): its folder and its trainer state, after `check_clearable`
+    found both to be ours (so both go or neither does)."""
+    check_clearable(recipe, adapter)
+    for folder, _, _ in _output_dirs(recipe, adapter):
         if folder.exists():
             shutil.rmtree(folder)
 
 
-def loss_history(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:
-    """(step, value) of every log entry holding `key`: "loss" for training, "eval_loss" for the held-out split."""
-    return [(entry["step"], float(entry[key])) for entry in log_history if key in entry]
+def check_writable(recipe, adapter: str) -> None:
+    """Raise (one line) unless training may write into every folder it writes for `adapter`: absent, marked, ours
+    from an earlier version, or an empty folder (not a link). Read-only, so every rank can run it."""
+    for folder, parent, trainer_state in _output_dirs(recipe, adapter):
+        if (folder / OUTPUT_MARKER).is_file() and not folder.is_symlink():
+            continue
+        if folder.exists() or folder.is_symlink():
+            problem = _removal_problem(folder, parent, adapter, trainer_state)
+            empty = folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+            if problem and not empty:
+                raise MapsTrainError(f"{folder}: training would write into it, but it {problem}")
 
 
-def last_logged(state, key: str) -> float | None:
-    """`key` as logged at the final step (e.g. the eval loss when the eval strategy already ran there), else None."""
-    return next((float(entry[key]) for entry in reversed(state.log_history)
-                 if entry.get("step") == state.global_step and key in entry), None)
+def mark_output_dirs(recipe, adapter: str) -> None:
+    """Create the folders training writes, each with the marker that makes it removable by `--overwrite`.
+
+    A folder that is already there is marked only when `check_writable` allows it, so training never writes into
+    (nor a later `--overwrite` removes) a folder of someone else's files."""
+    check_writable(recipe, adapter)
+    for folder, _, _ in _output_dirs(recipe, adapter):
+        marker = folder / OUTPUT_MARKER
+        if marker.is_file() and not folder.is_symlink():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"written_by": "maps-train", "adapter": adapter}) + "\n", encoding="utf-8")
+
+
+def prepare_output_dirs(recipe, adapter: str, overwrite: bool, state) -> None:
+    """Before training `adapter`: every rank checks that what is there may go (`overwrite`) or be written into (so
+    all ranks fail alike instead of waiting at a barrier for a main rank that failed), then the main rank removes
+    it (`overwrite`) and creates the folders with their markers."""
+    from maps_train.train.data import source_adapters
+
+    source_adapters(recipe, adapter)  # an adapter of this recipe (or 'shared'): before anything is removed
+    if overwrite:
+        check_clearable(recipe, adapter)
+        state.wait_for_everyone()
+    else:
+        check_writable(recipe, adapter)
+    if state.is_main_process:
+        if overwrite:
+            clear_adapter(recipe, adapter)
+        mark_output_dirs(recipe, adapter)
