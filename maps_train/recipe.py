@@ -72,6 +72,12 @@ class RoleRoute:
     seed: int | None = None
 
 
+def check_positive(value: int) -> int:
+    if value < 1:
+        raise FieldError("", f"must be at least 1, got {value}")
+    return value
+
+
 @dataclass
 class BackendConfig:
     """Engine and client settings shared by every route."""
@@ -97,7 +103,18 @@ class BackendConfig:
     # vLLM engine: JSON without free whitespace (engine-wide in vLLM, xgrammar); small models otherwise loop on blank lines.
     # For a server, pass `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'`.
     structured_disable_whitespace: bool = True
-    truncate_prompt: Literal["error", "left"] = "left"  # prompts over the context: refuse, or drop the oldest tokens
+    # Prompts over the context: "shrink" what is least needed (oldest observations and turns, lowest-ranked
+    # passages, the middle of long text; never the system prompt or the question), "error", or "left" (drop the
+    # oldest tokens: the system prompt and the question go first).
+    truncate_prompt: Literal["shrink", "error", "left"] = "shrink"
+    # A call whose reasoning hits its max_tokens inside `<think>` (maps_train/llm/budget.py): "answer" closes the
+    # reasoning with Qwen3's stop-thinking sentence and asks for the answer with `reasoning_cap_answer_tokens` more
+    # (both calls' tokens on the question's cost); "none" keeps the empty answer. Either way the call is counted.
+    reasoning_cap: Literal["answer", "none"] = "answer"
+    reasoning_cap_answer_tokens: int = field(default=512, metadata={"check": check_positive})
+    # vLLM, a multimodal model run on text only (Qwen3.6): skip its vision encoder, whose memory goes to the KV
+    # cache instead (`vllm.LLM(language_model_only=True)`, `vllm serve --language-model-only`).
+    language_model_only: bool = False
     hf_batch_size: int = 16
 
 
@@ -452,11 +469,17 @@ SFT_ROW_SETTINGS = ("adapter_roles", "require_correct", "require_parsed", "max_p
 
 def sft_set_settings(recipe: Recipe) -> dict[str, Any]:
     """What an SFT set's rows depend on besides the traces. Rows are template-independent message lists (each
-    student's chat template renders them at training time), so the tokenizer enters only through the token caps,
-    and then as its identity (template, vocabulary), not its name: Qwen3 sizes still share one set."""
+    student's chat template renders them at training time), so the tokenizer enters only through the length caps
+    (the token caps, `train.sft.max_length`), and then as its identity (template, vocabulary), not its name: Qwen3
+    sizes still share one set."""
     config = recipe.sft_data
     settings: dict[str, Any] = {name: getattr(config, name) for name in SFT_ROW_SETTINGS}
-    if config.max_prompt_tokens is not None or config.max_completion_tokens is not None:
+    # sft-data drops rows longer than train.sft.max_length (TRL would cut their completion), counted with the
+    # student's template: then both decide the rows. Students with one tokenizer and max_length share a set.
+    max_length = recipe.train.sft.get("max_length")
+    if max_length is not None:
+        settings["max_length"] = max_length
+    if max_length is not None or config.max_prompt_tokens is not None or config.max_completion_tokens is not None:
         settings["tokenizer"] = tokenizer_identity(config.tokenizer or recipe.train.student)
     return settings
 

@@ -54,8 +54,9 @@ def questions(n, options=None):
 
 
 def assistant_text(request):
-    assert request.messages[-1]["role"] == "assistant"
-    return request.messages[-1]["content"]
+    """The partial assistant turn a request continues: sent raw after the generation prompt (RawTurnBackend)."""
+    assert request.raw_continuation and request.messages[-1]["role"] == "user"
+    return request.raw_continuation
 
 
 def passage_texts(retriever):
@@ -109,9 +110,8 @@ def test_search_o1_splices_the_condensed_result_and_the_history_grows(schedule):
     (trace,) = run_all(engine, questions(1), schedule)
     reasoner = backend.requests("reasoner")
     assert len(reasoner) == 3 and trace.stop_reason == "answered" and trace.final_answer == "Dijon"
-    assert not reasoner[0].continue_final_message and reasoner[0].stop == [END_QUERY]
+    assert reasoner[0].raw_continuation is None and reasoner[0].stop == [END_QUERY]
     second, third = assistant_text(reasoner[1]), assistant_text(reasoner[2])
-    assert reasoner[1].continue_final_message and reasoner[2].continue_final_message
     # The query is closed again and the condensed text, not the passages, is spliced between the result markers.
     assert f"{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY}" in second
     assert f"{BEGIN_RESULT}CONDENSED q0 #0: Eiffel was born in Dijon.{END_RESULT}" in second
@@ -359,13 +359,3 @@ def test_a_split_think_block_goes_back_into_the_turn():
     assert model_piece(call("<search> a", None)) == "<search> a"
     assert model_piece(call("<search> a", "two facts")) == "<think>\ntwo facts\n</think>\n\n<search> a"
     assert model_piece(call("", "still thinking")) == "<think>\nstill thinking"
-
-
-@pytest.mark.parametrize("engine_cls,role", [(ParallelSearchEngine, "reasoner"), (S3Engine, "searcher")])
-def test_a_thinking_route_is_refused_where_the_turn_is_continued_through_the_template(engine_cls, role):
-    from maps_train.errors import MapsTrainError
-
-    with pytest.raises(MapsTrainError, match=f"roles.{role}.enable_thinking"):
-        make(engine_cls, {}, [f"roles.{role}.enable_thinking=true"])
-    make(VanillaRAGEngine, {}, ["roles.generator.enable_thinking=true"])  # one-shot methods may think
-    make(SearchO1Engine, {}, ["roles.reasoner.enable_thinking=true"])  # continued as a raw prompt instead

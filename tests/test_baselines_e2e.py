@@ -163,7 +163,7 @@ def test_search_o1_search_path_on_the_real_index_and_real_condenser(world, tmp_p
         assert trace.final_answer == "unknown"
     # The real condenser's output (or the original's fallback) was spliced back into the continued turn.
     second = scripted.double.requests("reasoner")[-1]
-    assert second.continue_final_message and "<|begin_search_result|>" in second.messages[-1]["content"]
+    assert second.raw_continuation and "<|begin_search_result|>" in second.raw_continuation
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def test_truncation_policies(hf_tiny_qwen3, tiny_qwen3):
         assert comp.prompt_tokens == 120 and comp.completion_tokens <= 8
     finally:
         hf_tiny_qwen3.max_model_len = saved
-        hf_tiny_qwen3.config.truncate_prompt = "left"
+        hf_tiny_qwen3.config.truncate_prompt = "shrink"
 
 
 def test_bad_routes_are_one_line_errors(tiny_qwen3, tmp_path):

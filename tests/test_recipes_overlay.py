@@ -97,7 +97,10 @@ def test_config_show_prints_the_merged_recipe(tmp_path):
     assert merged["train"]["sft"]["max_steps"] == 3 and merged["train"]["sft"]["learning_rate"] == 2e-4  # our default
 
 
-def test_shipped_students_share_one_teacher_run_and_one_sft_set():
+def test_shipped_students_share_one_teacher_run_and_one_sft_set(monkeypatch):
+    # sft-data fits rows to train.sft.max_length with the student's tokenizer, so its identity keys the set. The hub
+    # tokenizers are not here offline; Qwen3-0.6B to 8B ship one tokenizer and template, hence one identity.
+    monkeypatch.setattr("maps_train.recipe.tokenizer_identity", lambda name: name.removesuffix(name.split("-")[-1]))
     teacher = load_recipe(str(REPO / "recipes" / "teacher" / "qwen3-32b.yaml"))
     students = [load_recipe(str(path)) for path in sorted((REPO / "recipes" / "distill").glob("*.yaml"))]
     assert len(students) == 4
@@ -106,15 +109,15 @@ def test_shipped_students_share_one_teacher_run_and_one_sft_set():
         assert raw["base"] == "../teacher/qwen3-32b.yaml" and set(raw) <= {"base", "name", "backend", "train", "onpolicy", "wandb"}
         assert student.roles == teacher.roles and student.traces == teacher.traces and student.agent == teacher.agent
         assert sft_traces_dir(student) == Path(teacher.traces.out_dir)
-        # No token caps: the rows do not depend on the student's template, so all four read one set.
-        assert train_sft_dir(student) == sft_set_dir(student) == sft_set_dir(teacher)
+        # One tokenizer and one max_length: all four read one set.
+        assert train_sft_dir(student) == sft_set_dir(student) == sft_set_dir(students[0])
         assert sft_set_dir(student).parent == Path(teacher.traces.out_dir) / "sft"
         assert len({s.train.output_dir for s in students}) == 4
     assert len({s.train.student for s in students}) == 4
 
 
 def test_sft_set_folder_is_keyed_by_row_settings_and_template_only_with_caps(tmp_path, tiny_qwen3, smollm2):
-    base = [f"traces.out_dir={tmp_path / 'traces'}"]
+    base = [f"traces.out_dir={tmp_path / 'traces'}", "train.sft.max_length=null"]  # null: TRL cuts no row
     tiny = load_recipe(None, [*base, f"train.student={tiny_qwen3}"])
     smol = load_recipe(None, [*base, f"train.student={smollm2}"])
     assert sft_set_dir(tiny) == sft_set_dir(smol)  # message lists: any template renders them

@@ -399,8 +399,8 @@ def test_search_o1_without_thinking_keeps_the_chat_continuation(tiny_qwen3):
     backend = ScriptedBackend(scripts)
     SearchO1Engine(recipe, backend, RecordingRetriever()).run_batch([Question(id="q0", question="Where?")])
     second = backend.requests("reasoner")[1]
-    assert second.continue_final_message and second.raw_continuation is None
-    assert second.messages[-1]["role"] == "assistant"
+    assert not second.continue_final_message and second.raw_continuation.startswith(f"Look it up.\n{BEGIN_QUERY}")
+    assert second.messages[-1]["role"] == "user"
 
 
 def test_maps_answer_thinks_then_its_json_is_parsed_and_the_reasoning_is_recorded(hf_tiny_qwen3, tiny_qwen3):

@@ -23,7 +23,7 @@ from maps_train.agents.jsonparse import Parsed
 from maps_train.agents.prompting import PromptLibrary
 from maps_train.config import to_dict
 from maps_train.errors import MapsTrainError
-from maps_train.llm.types import Backend, ChatRequest, Completion
+from maps_train.llm.types import Backend, ChatRequest, Completion, PromptShrinker
 from maps_train.questions import Question
 from maps_train.recipe import Recipe, SamplingConfig
 from maps_train.records.answer import Cost
@@ -85,6 +85,8 @@ class RolePlan:
     json_schema: dict[str, Any] | None = None
     max_tokens: int | None = None
     stop: list[str] | None = None
+    # Smaller versions of `messages` for a backend whose context they do not fit (see `PromptShrinker`).
+    shrink: PromptShrinker | None = None
 
 
 def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
@@ -122,6 +124,7 @@ def _first(*values: Any) -> Any:
 def usage_of(completion: Completion, request: ChatRequest | None = None) -> CallUsage:
     """A call's usage; the sampling is what the backend reports it ran, else what the request asked for."""
     asked = request or ChatRequest(role="", messages=[])
+    capped = bool(getattr(completion, "reasoning_capped", False))
     return CallUsage(
         prompt_tokens=int(completion.prompt_tokens or 0),
         completion_tokens=int(completion.completion_tokens or 0),
@@ -134,7 +137,23 @@ def usage_of(completion: Completion, request: ChatRequest | None = None) -> Call
         temperature=_first(getattr(completion, "temperature", None), asked.temperature),
         top_p=_first(getattr(completion, "top_p", None), asked.top_p),
         seed=_first(getattr(completion, "seed", None), asked.seed),
+        prompt_tokens_dropped=int(getattr(completion, "prompt_tokens_dropped", 0) or 0),
+        reasoning_capped=capped,
+        length_capped=capped or completion.finish_reason == "length",
     )
+
+
+def seen_messages(plan: RolePlan, completion: Completion) -> list[dict[str, str]]:
+    """The messages the model saw: the plan's, or the smaller ones the backend sent when they did not fit its
+    context (so a trace, and the SFT rows made from it, hold what the model answered). A partial assistant turn
+    sent raw (the baselines' `RawTurnBackend`) comes back as `fitted_continuation` and is the last message again."""
+    fitted = getattr(completion, "fitted_messages", None)
+    if fitted is None:
+        return plan.messages
+    continuation = getattr(completion, "fitted_continuation", None)
+    if continuation is not None and plan.messages and plan.messages[-1].get("role") == "assistant":
+        return [*fitted, {**plan.messages[-1], "content": continuation}]
+    return fitted
 
 
 class Engine:
@@ -191,6 +210,7 @@ class Engine:
             top_p=sampling.top_p,
             seed=seed,
             stop=plan.stop,
+            shrink=plan.shrink,
         )
 
     def call_roles(self, plans: list[RolePlan]) -> list[tuple[RoleCall, Parsed]]:
@@ -213,18 +233,23 @@ class Engine:
                 longest[key] = (plan.run, latency)
             text = completion.text or ""
             parsed = plan.parse(text)
+            usage = usage_of(completion, request)
             call = RoleCall(
                 role=plan.role,
-                messages=plan.messages,
+                messages=seen_messages(plan, completion),
                 raw_text=text,
                 parsed=parsed.value,
                 parse_ok=parsed.ok,
-                usage=usage_of(completion, request),
+                usage=usage,
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
             )
             plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens,
                                          completion.reasoning_tokens)
+            if usage.prompt_tokens_dropped:
+                plan.run.cost.add_dropped(plan.role, usage.prompt_tokens_dropped)
+            if usage.length_capped:
+                plan.run.cost.add_caps(plan.role, usage.reasoning_capped, usage.length_capped)
             if not parsed.ok:
                 plan.run.parse_failures[plan.role] += 1
             results.append((call, parsed))

@@ -20,12 +20,15 @@ from functools import partial
 
 from maps_train.agents.engine import Engine, QuestionRun, RolePlan
 from maps_train.agents.evidence import (
+    TRAJECTORY_ORDER,
     first_sentences,
-    format_observations,
     format_passages,
     format_question,
     format_state,
+    left_out_note,
     merge_hits,
+    observations_slot,
+    passages_slot,
 )
 from maps_train.agents.outputs import (
     answer_schema,
@@ -40,6 +43,7 @@ from maps_train.agents.outputs import (
     queries_schema,
     query_schema,
 )
+from maps_train.agents.prompting import ShrinkableSlot
 from maps_train.agents.registry import register_method
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
@@ -65,6 +69,18 @@ def resolve_letters(question: Question, answer_mode: str) -> list[str] | None:
             raise MapsTrainError(f"agent.answer_mode=choice: question '{question.id}' has no options")
         return option_letters(len(question.options))
     return None
+
+
+def trajectory_slot(history: list[tuple[RoundRecord, list[Hit]]], max_words: int) -> ShrinkableSlot:
+    """`format_trajectory` as a slot: step k leaves out the k oldest rounds."""
+
+    def text(k: int) -> str:
+        if k <= 0:
+            return format_trajectory(history, max_words)
+        note = left_out_note("round", "1", str(k))
+        return note if k >= len(history) else note + "\n\n" + format_trajectory(history[k:], max_words)
+
+    return ShrinkableSlot(len(history), text, TRAJECTORY_ORDER)
 
 
 def format_trajectory(history: list[tuple[RoundRecord, list[Hit]]], max_words: int) -> str:
@@ -103,21 +119,23 @@ class MapsEngine(Engine):
         writers = ["proposer", "writer"] if self.agent.use_directions else ["writer_direct"]
         return [self._prompt(name) for name in writers + ["consolidator", "answer_short", "answer_choice"]]
 
-    def _context(self, run: MapsRun) -> dict[str, str]:
-        """The inputs every role gets: question, observations, state (plus the trajectory when coupled)."""
-        context = {
+    def _context(self, run: MapsRun) -> dict[str, object]:
+        """The inputs every role gets: question, observations, state (plus the trajectory when coupled). The
+        observations and the trajectory are `ShrinkableSlot`s: a backend whose context the prompt does not fit
+        leaves out the oldest rounds first (never the question or the state)."""
+        context: dict[str, object] = {
             "question": format_question(run.question),
-            "observations": format_observations(run.observations),
+            "observations": observations_slot(run.observations),
             "state": format_state(run.state),
         }
         if not self.agent.decoupled:
-            context["trajectory"] = format_trajectory(run.history, self.agent.max_passage_words)
+            context["trajectory"] = trajectory_slot(run.history, self.agent.max_passage_words)
         return context
 
-    def _plan(self, run: MapsRun, role: str, prompt: str, parse, json_schema: dict, **fields: str) -> RolePlan:
+    def _plan(self, run: MapsRun, role: str, prompt: str, parse, json_schema: dict, **fields: object) -> RolePlan:
         """One call of `role` for `run`: prompt file `prompt` rendered with the shared context plus `fields`."""
-        messages = self.prompts.render(self._prompt(prompt), **fields, **self._context(run))
-        return RolePlan(run=run, role=role, messages=messages, parse=parse, json_schema=json_schema)
+        messages, shrink = self.prompts.render_shrinkable(self._prompt(prompt), **fields, **self._context(run))
+        return RolePlan(run=run, role=role, messages=messages, parse=parse, json_schema=json_schema, shrink=shrink)
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
@@ -199,7 +217,7 @@ class MapsEngine(Engine):
                     parse_consolidation, previous_state=run.state, fallback_observation=first_sentences(run.evidence)
                 ),
                 consolidation_schema(),
-                evidence=format_passages(run.evidence, self.agent.max_passage_words),
+                evidence=passages_slot(run.evidence, self.agent.max_passage_words),
             )
             for run in active
         ]

@@ -10,16 +10,23 @@ A prompt file (`maps_train/agents/prompts/<name>.txt`, or `<agent.prompts_dir>/<
 
 The leading `#` lines are stripped; a file without `[system]`/`[user]` markers is a single user message.
 Slots are `{{name}}`, filled in one pass, so braces in retrieved passages are never re-interpreted.
+
+A slot value may be a `ShrinkableSlot` (observations, passages, a trajectory: pieces the prompt can do without,
+least needed first). `render_shrinkable` then also returns a `SlotShrinker`, which the request carries to the
+backend: when the prompt does not fit the context, the backend renders it again with fewer pieces, so the system
+prompt, the question and the instructions always stay.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.types import ChatRequest
 
 PACKAGED_PROMPTS = Path(__file__).resolve().parent / "prompts"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -41,7 +48,14 @@ class PromptTemplate:
     def digest(self) -> str:
         return hashlib.sha256(f"{self.system}\0{self.user}".encode()).hexdigest()[:12]
 
+    def render_shrinkable(self, **values: object) -> tuple[list[dict[str, str]], SlotShrinker | None]:
+        """The messages, and a shrinker when some slot value is a `ShrinkableSlot` with pieces to leave out."""
+        messages = self.render(**values)
+        slots = {name: v for name, v in values.items() if isinstance(v, ShrinkableSlot) and v.steps > 0}
+        return messages, (SlotShrinker(self, values, slots) if slots else None)
+
     def render(self, **values: object) -> list[dict[str, str]]:
+        values = {name: v.text(0) if isinstance(v, ShrinkableSlot) else v for name, v in values.items()}
         missing = self.slots - set(values)
         if missing:
             raise MapsTrainError(f"{self.path}: no value for slot(s) {', '.join(sorted(missing))}")
@@ -54,6 +68,39 @@ class PromptTemplate:
             messages.append({"role": "system", "content": fill(self.system)})
         messages.append({"role": "user", "content": fill(self.user)})
         return messages
+
+
+@dataclass(frozen=True)
+class ShrinkableSlot:
+    """A slot value the prompt can shorten: `text(k)` is the value without its k least needed pieces (the
+    oldest observation, the lowest-ranked passage, ...; k = 0 is the whole value), for k up to `steps`. Slots
+    of one prompt shrink one after the other, lowest `order` first."""
+
+    steps: int
+    text: Callable[[int], str]
+    order: int = 0
+
+
+class SlotShrinker:
+    """A `PromptShrinker` over a template's shrinkable slots: step s leaves out s pieces, the first slot's (by
+    `order`) until it has none left, then the next one's."""
+
+    def __init__(self, template: PromptTemplate, values: dict[str, object], slots: dict[str, ShrinkableSlot]):
+        self.template = template
+        self.values = values
+        self.slots = sorted(slots.items(), key=lambda item: item[1].order)
+        self.steps = sum(slot.steps for _, slot in self.slots)
+
+    def messages(self, step: int) -> list[dict[str, str]]:
+        filled = dict(self.values)
+        for name, slot in self.slots:
+            taken = min(max(step, 0), slot.steps)
+            filled[name] = slot.text(taken)
+            step -= taken
+        return self.template.render(**filled)
+
+    def apply(self, request: ChatRequest, step: int) -> ChatRequest:
+        return replace(request, messages=self.messages(step))
 
 
 def parse_prompt_file(path: Path, name: str) -> PromptTemplate:
@@ -94,3 +141,6 @@ class PromptLibrary:
 
     def render(self, name: str, **values: object) -> list[dict[str, str]]:
         return self.get(name).render(**values)
+
+    def render_shrinkable(self, name: str, **values: object) -> tuple[list[dict[str, str]], SlotShrinker | None]:
+        return self.get(name).render_shrinkable(**values)

@@ -4,7 +4,8 @@ Layout of `OUT_DIR`:
     results.jsonl           per-question results (the source of truth; everything below is derived)
     suite.yaml              the resolved suite (order and labels of systems and data sets)
     report.md               Table 3.1 layout (rows systems, columns data sets + Avg, Cover-EM x 100), then EM,
-                            F1, answer length, cost per question, cost per role, stop rounds
+                            F1, answer length, cost per question, cost per role, stop rounds, prompts shrunk
+                            to fit the context, calls that hit max_tokens (in the reasoning, at all)
     table_cover_em.csv      the Cover-EM table as in the paper
     summary.csv             one row per (system, data set or Avg): every metric and cost column
     summary.json            the same, nested
@@ -114,6 +115,32 @@ def _rounds_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _truncation_table(summary: dict[str, Any]) -> list[str]:
+    """Per system, over all its data sets: calls whose prompt was shrunk to fit the context, and what they lost."""
+    lines = [
+        "| System | Truncated calls | Questions with one | Prompt tokens dropped per truncated call |",
+        "|---|---:|---:|---:|",
+    ]
+    for system in summary["systems"]:
+        counts = summary["cells"][system][AVG]["truncation"]
+        per_call = counts["prompt_tokens_dropped"] / counts["calls"] if counts["calls"] else None
+        lines.append(f"| {system} | {counts['calls']} | {counts['questions']} | {_fmt(per_call, 0)} |")
+    return lines
+
+
+def _caps_table(summary: dict[str, Any]) -> list[str]:
+    """Per system and role, over all its data sets: calls that hit max_tokens inside the reasoning, and at all."""
+    lines = ["| System | Role | Reasoning-capped calls | Length-capped calls |", "|---|---|---:|---:|"]
+    for system in summary["systems"]:
+        caps = summary["cells"][system][AVG]["caps"]
+        for role, counts in sorted(caps["by_role"].items()):
+            lines.append(
+                f"| {system} | {role} | {counts['reasoning_capped_calls']} | {counts['length_capped_calls']} |"
+            )
+        lines.append(f"| {system} | all | {caps['reasoning_capped_calls']} | {caps['length_capped_calls']} |")
+    return lines
+
+
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     n = {d: max((summary["cells"][s].get(d, {}).get("n", 0) for s in summary["systems"]), default=0) for d in summary["datasets"]}
     sizes = ", ".join(f"{summary['labels'][d]} {n[d]}" for d in summary["datasets"])
@@ -156,6 +183,26 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         "## Stop rounds (share of questions)",
         "",
         *_rounds_table(summary),
+        "",
+        "## Prompts shrunk to fit the context",
+        "",
+        (
+            "Calls whose prompt was over `backend.max_model_len` minus the reply's `max_tokens`, over all data sets "
+            "(`backend.truncate_prompt`: shrink leaves out the oldest observations and turns and the lowest-ranked "
+            "passages first, never the question)."
+        ),
+        "",
+        *_truncation_table(summary),
+        "",
+        "## Calls that hit max_tokens",
+        "",
+        (
+            "Reasoning-capped: max_tokens came inside `<think>`; with `backend.reasoning_cap: answer` the reasoning "
+            "was closed and the answer asked for in a follow-up call (its tokens are in the cost). Length-capped: "
+            "max_tokens was hit at all."
+        ),
+        "",
+        *_caps_table(summary),
         "",
     ]
     path.write_text("\n".join(parts), encoding="utf-8")

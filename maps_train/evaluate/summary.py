@@ -3,7 +3,8 @@
 Every cell holds the means over its questions of Cover-EM, EM, F1, answer length in words and the cost counters
 (calls, prompt/completion tokens, per role too, retrievals, passages, latency, estimated TFLOPs), plus the
 distribution of stop rounds and stop reasons. "Avg" is the macro average over the data sets a system was run on,
-as the paper's Table 3.1 averages its columns.
+as the paper's Table 3.1 averages its columns. `truncation` counts (not means) the calls whose prompt had to shrink
+to fit the context, the questions that had one, and the prompt tokens they left out; Avg sums them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,42 @@ def _cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
     stops = [stop_round(r) for r in rows]
     cell["rounds"] = {str(k): v for k, v in sorted(Counter(s for s in stops if s is not None).items())}
     cell["stop_reasons"] = dict(Counter(r.get("stop_reason") or "none" for r in rows).most_common())
+    cell["truncation"] = _truncation(rows)
+    cell["caps"] = _caps(rows)
     return cell
+
+
+CAP_KEYS = ("reasoning_capped_calls", "length_capped_calls")
+
+
+def _caps(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls that hit max_tokens inside their reasoning, and at all (see `maps_train.llm.budget`), as counts per
+    role and in all."""
+    by_role: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAP_KEYS, 0))
+    for row in rows:
+        for role, usage in row["cost"].get("by_role", {}).items():
+            for key in CAP_KEYS:
+                by_role[role][key] += int(usage.get(key) or 0)
+    return {**{key: sum(c[key] for c in by_role.values()) for key in CAP_KEYS}, "by_role": dict(by_role)}
+
+
+def _sum_caps(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    by_role: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAP_KEYS, 0))
+    for cell in cells:
+        for role, counts in cell["caps"]["by_role"].items():
+            for key in CAP_KEYS:
+                by_role[role][key] += counts[key]
+    return {**{key: sum(c["caps"][key] for c in cells) for key in CAP_KEYS}, "by_role": dict(by_role)}
+
+
+def _truncation(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Calls whose prompt did not fit the context as built (see `backend.truncate_prompt`), as counts."""
+    calls = [int(r["cost"].get("truncated_calls") or 0) for r in rows]
+    return {
+        "calls": sum(calls),
+        "questions": sum(1 for n in calls if n),
+        "prompt_tokens_dropped": sum(int(r["cost"].get("prompt_tokens_dropped") or 0) for r in rows),
+    }
 
 
 def _average(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,6 +102,9 @@ def _average(cells: list[dict[str, Any]]) -> dict[str, Any]:
         reasons.update(c["stop_reasons"])
     avg["rounds"] = {k: rounds[k] for k in sorted(rounds, key=int)}
     avg["stop_reasons"] = dict(reasons.most_common())
+    avg["truncation"] = {key: sum(c["truncation"][key] for c in cells) for key in ("calls", "questions",
+                                                                                  "prompt_tokens_dropped")}
+    avg["caps"] = _sum_caps(cells)
     return avg
 
 

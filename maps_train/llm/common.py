@@ -5,7 +5,7 @@ generated text, and counting the tokens spent thinking."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,9 @@ def _after_last_turn(prompt: str) -> str:
 
 
 def generation_opens_thinking(prompt: str, spec: CallSpec) -> bool:
-    """`prompt_opens_thinking` for what this request generates after: a continued chat message is the model's
-    visible text (thinking off: the only case where chat continuation is used), so it never does."""
+    """`prompt_opens_thinking` for what this request generates after: a continued chat message is read as the
+    model's visible text, so it never does. (The agents continue their turns as raw continuations, which this
+    reads from the prompt: a Qwen3 template rewrites a continued message that holds reasoning blocks.)"""
     return not spec.request.continue_final_message and prompt_opens_thinking(prompt)
 
 
@@ -148,27 +149,194 @@ def prompt_token_ids(tokenizer: Any, spec: CallSpec) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def fit_prompt(ids: list[int], spec: CallSpec, max_model_len: int, policy: str) -> list[int]:
-    """Make room for `max_tokens` of output within the context.
+CUT_MARK = "\n[... left out to fit the context ...]\n"
 
-    policy "error": a one-line MapsTrainError; "left": keep only the newest tokens of the prompt (the oldest,
-    usually the system prompt and early context, are dropped; the output may degrade but the call goes through).
-    """
+
+@dataclass
+class FittedPrompt:
+    """A request as the model will see it: rendered, tokenised, shrunk when it did not fit the context."""
+
+    spec: CallSpec  # the request after shrinking (the original one when it fitted)
+    text: str  # the rendered prompt (for `left`, before its oldest tokens were cut)
+    ids: list[int]  # the prompt tokens that go to the model
+    dropped: int = 0  # prompt tokens left out: the rendered original's count minus `ids`'
+    shrunk: bool = False  # `spec` is a smaller request than the one asked for
+
+    def completion_fields(self) -> dict[str, Any]:
+        """What a `Completion` reports about fitting: tokens dropped and, when the prompt was shrunk, the
+        messages (and raw continuation) the model saw, so the trace and SFT rows hold the seen prompt."""
+        if not self.shrunk:
+            return {"prompt_tokens_dropped": self.dropped}
+        shrunk = self.spec.request
+        return {
+            "prompt_tokens_dropped": self.dropped,
+            "fitted_messages": shrunk.messages,
+            "fitted_continuation": shrunk.raw_continuation,
+        }
+
+
+def prompt_room(spec: CallSpec, max_model_len: int) -> int:
+    """Tokens a prompt may take: the context minus the request's `max_tokens`; a one-line error when none."""
     room = max_model_len - spec.max_tokens
     if room <= 0:
         raise MapsTrainError(
             f"roles.{spec.request.role}.max_tokens: {spec.max_tokens} leaves no room for a prompt within "
             f"backend.max_model_len={max_model_len}"
         )
+    return room
+
+
+def fit_request(tokenizer: Any, spec: CallSpec, max_model_len: int, policy: str) -> FittedPrompt:
+    """Render `spec` and make room for `max_tokens` of output within the context.
+
+    policy "shrink" (the default): shrink what is least needed, in this order, each stage only when the one
+    before could not go far enough: the request's own `shrink` (the agent's pieces: oldest observations and
+    turns, lowest-ranked passages, the middle of long evidence), then a continued turn's oldest paragraphs (its
+    first one and its newest text stay), then the middle of that turn, then the middle of the longest user
+    message (its head, the question, and its tail, the instructions, stay). The system prompt is never cut; a
+    prompt that still does not fit is a one-line error. "error": a one-line error for any prompt over the room.
+    "left": keep only the newest tokens (the system prompt and the question go first; the call goes through)."""
+    room = prompt_room(spec, max_model_len)
+    text, ids = _render_ids(tokenizer, spec)
     if len(ids) <= room:
-        return ids
+        return FittedPrompt(spec, text, ids)
     if policy == "left":
-        return ids[len(ids) - room :]
+        return FittedPrompt(spec, text, ids[len(ids) - room :], len(ids) - room)
+    if policy != "shrink":
+        raise MapsTrainError(
+            f"backend.truncate_prompt={policy}: prompt of role '{spec.request.role}' (question "
+            f"{spec.request.question_id}) has {len(ids)} tokens, over max_model_len {max_model_len} minus "
+            f"max_tokens {spec.max_tokens}"
+        )
+    current = spec
+    for stage in (_own_shrinker, _continuation_pieces, _continuation_middle, _user_middle):
+        shrinker = stage(current.request, tokenizer)
+        if shrinker is None or shrinker.steps <= 0:
+            continue
+        fitted = _smallest_fitting_step(tokenizer, current, shrinker, room)
+        if fitted is not None:
+            fitted.dropped, fitted.shrunk = len(ids) - len(fitted.ids), True
+            return fitted
+        current = _with_request(current, shrinker.apply(current.request, shrinker.steps))
+    _, left = _render_ids(tokenizer, current)
     raise MapsTrainError(
-        f"backend.truncate_prompt=error: prompt of role '{spec.request.role}' (question "
-        f"{spec.request.question_id}) has {len(ids)} tokens, over max_model_len {max_model_len} minus max_tokens "
-        f"{spec.max_tokens}"
+        f"backend.max_model_len={max_model_len}: prompt of role '{spec.request.role}' (question "
+        f"{spec.request.question_id}) has {len(left)} tokens even with everything shrinkable left out, over "
+        f"{room} (max_model_len minus max_tokens {spec.max_tokens}); raise max_model_len or shorten the system prompt"
     )
+
+
+def _render_ids(tokenizer: Any, spec: CallSpec) -> tuple[str, list[int]]:
+    text = render_prompt(tokenizer, spec)
+    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _with_request(spec: CallSpec, request: ChatRequest) -> CallSpec:
+    return replace(spec, request=request)
+
+
+def _smallest_fitting_step(tokenizer: Any, spec: CallSpec, shrinker: Any, room: int) -> FittedPrompt | None:
+    """Binary search for the least shrinking that fits (tokens do not grow with the step); None when even the
+    largest step does not fit. About log2(steps) renders, however many pieces there are."""
+    best: FittedPrompt | None = None
+    low, high = 1, shrinker.steps
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = _with_request(spec, shrinker.apply(spec.request, middle))
+        text, ids = _render_ids(tokenizer, candidate)
+        if len(ids) <= room:
+            best, high = FittedPrompt(candidate, text, ids), middle - 1
+        else:
+            low = middle + 1
+    return best
+
+
+def _own_shrinker(request: ChatRequest, tokenizer: Any) -> Any:
+    return request.shrink
+
+
+def _continued_text(request: ChatRequest) -> str | None:
+    """The turn the model continues: the raw continuation, or the partial last message it goes on writing."""
+    if request.raw_continuation is not None:
+        return request.raw_continuation
+    if request.continue_final_message and request.messages:
+        return request.messages[-1]["content"]
+    return None
+
+
+def _with_continued_text(request: ChatRequest, text: str) -> ChatRequest:
+    if request.raw_continuation is not None:
+        return replace(request, raw_continuation=text, shrink=None)
+    last = {**request.messages[-1], "content": text}
+    return replace(request, messages=[*request.messages[:-1], last], shrink=None)
+
+
+@dataclass
+class _ContinuationPieces:
+    """A continued turn without its oldest paragraphs: step k leaves out paragraphs 2..k+1 (the first one, which
+    opens the turn, and the newest one stay). Search results spliced into the turn are paragraphs of their own."""
+
+    paragraphs: list[str]
+
+    @property
+    def steps(self) -> int:
+        return max(0, len(self.paragraphs) - 2)
+
+    def apply(self, request: ChatRequest, step: int) -> ChatRequest:
+        if step <= 0:
+            return request
+        kept = [self.paragraphs[0], CUT_MARK.strip("\n"), *self.paragraphs[1 + step :]]
+        return _with_continued_text(request, "\n\n".join(kept))
+
+
+def _continuation_pieces(request: ChatRequest, tokenizer: Any) -> _ContinuationPieces | None:
+    text = _continued_text(request)
+    return None if text is None else _ContinuationPieces(text.split("\n\n"))
+
+
+@dataclass
+class _MiddleCut:
+    """One text without `step` tokens from its middle: the head and the tail stay, split evenly."""
+
+    ids: list[int]
+    tokenizer: Any
+    rebuild: Any  # (request, shorter text) -> request
+
+    @property
+    def steps(self) -> int:
+        return max(0, len(self.ids) - 2)
+
+    def apply(self, request: ChatRequest, step: int) -> ChatRequest:
+        if step <= 0:
+            return request
+        kept = len(self.ids) - step
+        head, tail = self.ids[: (kept + 1) // 2], self.ids[len(self.ids) - kept // 2 :]
+        text = self.tokenizer.decode(head) + CUT_MARK + self.tokenizer.decode(tail)
+        return self.rebuild(request, text)
+
+
+def middle_cut(tokenizer: Any, text: str, rebuild: Any) -> _MiddleCut:
+    return _MiddleCut(list(tokenizer(text, add_special_tokens=False)["input_ids"]), tokenizer, rebuild)
+
+
+def _continuation_middle(request: ChatRequest, tokenizer: Any) -> _MiddleCut | None:
+    text = _continued_text(request)
+    return None if text is None else middle_cut(tokenizer, text, _with_continued_text)
+
+
+def _user_middle(request: ChatRequest, tokenizer: Any) -> _MiddleCut | None:
+    """The middle of the longest user message (a continued last message is the turn, handled before)."""
+    users = [i for i, m in enumerate(request.messages) if m.get("role") == "user"]
+    if not users:
+        return None
+    index = max(users, key=lambda i: len(request.messages[i]["content"]))
+
+    def rebuild(req: ChatRequest, text: str) -> ChatRequest:
+        messages = list(req.messages)
+        messages[index] = {**messages[index], "content": text}
+        return replace(req, messages=messages, shrink=None)
+
+    return middle_cut(tokenizer, request.messages[index]["content"], rebuild)
 
 
 def split_thinking(text: str, opened: bool = False) -> tuple[str, str | None]:

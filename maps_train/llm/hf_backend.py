@@ -30,10 +30,9 @@ from maps_train.llm.common import (
     call_spec,
     cut_at_stop,
     default_route,
-    fit_prompt,
+    fit_request,
     generation_opens_thinking,
     reasoning_token_count,
-    render_prompt,
     split_thinking,
 )
 from maps_train.llm.types import ChatRequest, Completion
@@ -119,12 +118,9 @@ class HFBackend:
         from peft import PeftModel
 
         tok = self.tokenizer
-        texts = [render_prompt(tok, s) for s in specs]
-        prompts = [
-            fit_prompt(list(tok(text, add_special_tokens=False)["input_ids"]), s, self.max_model_len,
-                       self.config.truncate_prompt)
-            for s, text in zip(specs, texts)
-        ]
+        fitted = [fit_request(tok, s, self.max_model_len, self.config.truncate_prompt) for s in specs]
+        texts = [f.text for f in fitted]
+        prompts = [f.ids for f in fitted]
         width = max(len(p) for p in prompts)
         pad = tok.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
@@ -174,6 +170,7 @@ class HFBackend:
                     role=s.request.role,
                     constrained=False,
                     **s.sampling_used(),
+                    **fitted[row].completion_fields(),
                 )
             )
         return completions

@@ -6,8 +6,10 @@ folder name when it is a path: serve adapters as `--lora-modules NAME=PATH`); ba
 base model (found once from `/v1/models`). Each request sends its own `temperature`, `top_p` and, when set, `seed`
 (the route's, overridden by the request's). vLLM extras go in `extra_body`: `chat_template_kwargs`,
 `structured_outputs={"json": schema}`, and for `truncate_prompt: left` the server's `truncate_prompt_tokens`
-(keeps the newest tokens). Timeouts, connection errors, 429 and 5xx are retried with exponential backoff
-(`max_retries`, `retry_backoff_s`); then, as on any other refusal, one MapsTrainError line.
+(keeps the newest tokens). With `shrink` (the default) and `error`, a prompt is counted here with the route
+model's tokenizer and shrunk to fit before it is sent (`fit_request`); a model with no tokenizer here is sent as
+built (the server refuses a prompt over its context). Timeouts, connection errors, 429 and 5xx are retried with
+exponential backoff (`max_retries`, `retry_backoff_s`); then, as on any other refusal, one MapsTrainError line.
 
 The API key comes from `backend.api_key`, or when that is empty from `$OPENAI_API_KEY`, so that recipes (which are
 logged and shared) need not hold it.
@@ -40,6 +42,7 @@ from maps_train.llm.common import (
     call_spec,
     default_route,
     estimated_reasoning_tokens,
+    fit_request,
     generation_opens_thinking,
     render_prompt,
     split_thinking,
@@ -237,7 +240,20 @@ class OpenAIBackend:
             body["seed"] = spec.seed
         return body
 
-    async def _one(self, spec: CallSpec, prompt: str | None) -> Completion:
+    def fit(self, spec: CallSpec) -> tuple[CallSpec, dict[str, Any]]:
+        """The request as it is sent, and what its completion reports about fitting (see `fit_request`)."""
+        if self.config.truncate_prompt == "left":
+            return spec, {}  # the server cuts the oldest tokens (`truncate_prompt_tokens`)
+        try:
+            tok = self.tokenizer(spec.route.model, spec.request.role)
+        except MapsTrainError:
+            if spec.request.raw_continuation is not None:
+                raise  # rendered here anyway: the tokenizer's error is the one to see
+            return spec, {}
+        fitted = fit_request(tok, spec, self.config.max_model_len, self.config.truncate_prompt)
+        return fitted.spec, fitted.completion_fields()
+
+    async def _one(self, spec: CallSpec, prompt: str | None, fitting: dict[str, Any]) -> Completion:
         url = self._pick_url()
         self.in_flight[url] += 1
         raw = spec.request.raw_continuation is not None
@@ -273,6 +289,7 @@ class OpenAIBackend:
             role=spec.request.role,
             constrained=spec.json_schema is not None,
             **spec.sampling_used(),
+            **fitting,
         )
 
     def _sender(self, url: str, model: str, spec: CallSpec, prompt: str | None):
@@ -294,8 +311,10 @@ class OpenAIBackend:
         head = generated.partition("</think>")[0] + ("</think>" if text else "")
         return text, reasoning, len(tok(head, add_special_tokens=False)["input_ids"])
 
-    async def _all(self, specs: list[CallSpec], prompts: list[str | None]) -> list[Completion]:
-        tasks = [asyncio.ensure_future(self._one(s, p)) for s, p in zip(specs, prompts)]
+    async def _all(
+        self, specs: list[CallSpec], prompts: list[str | None], fittings: list[dict[str, Any]]
+    ) -> list[Completion]:
+        tasks = [asyncio.ensure_future(self._one(s, p, f)) for s, p, f in zip(specs, prompts, fittings)]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -306,9 +325,11 @@ class OpenAIBackend:
         if not requests:
             return []
         routes = routes or [default_route()] * len(requests)
-        specs = [call_spec(req, route) for req, route in zip(requests, routes)]
-        prompts = [self.local_prompt(s) for s in specs]  # here, not on the event loop: tokenizers load slowly
-        return self._run(self._all(specs, prompts))
+        # Fitting and rendering here, not on the event loop: tokenizers load slowly.
+        fits = [self.fit(call_spec(req, route)) for req, route in zip(requests, routes)]
+        specs = [spec for spec, _ in fits]
+        prompts = [self.local_prompt(s) for s in specs]
+        return self._run(self._all(specs, prompts, [fitting for _, fitting in fits]))
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.budget import ReasoningCap
 from maps_train.llm.common import adapter_dir
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, Recipe, RoleRoute, route_for
@@ -40,10 +41,14 @@ class Router:
         routes: Mapping[str, RoleRoute] | Recipe,
         backends: Mapping[str, Any] | None = None,
         factory: BackendFactory | None = None,
+        reasoning_cap: ReasoningCap | None = None,
     ):
         """`routes`: role -> route ("default" catches other roles), or a recipe. `backends`: ready backends by
         `engine_key` or by backend kind ("vllm", "hf", "openai"); they are not closed by `close()`.
-        `factory(kind, model, routes_sharing_it)` builds missing ones on first use."""
+        `factory(kind, model, routes_sharing_it)` builds missing ones on first use. `reasoning_cap`: what happens
+        to calls whose reasoning hit max_tokens (default: the recipe's `backend.reasoning_cap`, else "answer")."""
+        config = routes.backend if isinstance(routes, Recipe) else BackendConfig()
+        self.reasoning_cap = reasoning_cap or ReasoningCap.from_config(config)
         self.routes: dict[str, RoleRoute] = dict(routes.roles if isinstance(routes, Recipe) else routes)
         self._given = dict(backends or {})
         self._factory = factory
@@ -81,7 +86,8 @@ class Router:
             return self._built[key]
 
     def generate(self, requests: list[ChatRequest]) -> list[Completion]:
-        """One batched call per engine; completions in request order."""
+        """One batched call per engine (and one more for the calls whose reasoning hit max_tokens, see
+        `maps_train.llm.budget`); completions in request order."""
         routes = [self.route(req.role) for req in requests]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, route in enumerate(routes):
@@ -89,7 +95,7 @@ class Router:
         results: list[Completion | None] = [None] * len(requests)
         for rows in groups.values():
             backend = self.backend(routes[rows[0]])
-            completions = backend.generate([requests[i] for i in rows], [routes[i] for i in rows])
+            completions = self.reasoning_cap.generate(backend, [requests[i] for i in rows], [routes[i] for i in rows])
             for i, comp in zip(rows, completions):
                 comp.role = requests[i].role
                 results[i] = comp

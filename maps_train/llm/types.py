@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class PromptShrinker(Protocol):
+    """Smaller versions of one request's prompt, for a backend whose context it does not fit: step 0 is the
+    request as built, each further step drops one more of the pieces least needed (the oldest observation, the
+    lowest-ranked passage, ...), so tokens never grow with the step. The backend, which owns the tokenizer, picks
+    the smallest step that fits (see `maps_train.llm.common.fit_request`)."""
+
+    steps: int  # the largest step
+
+    def apply(self, request: ChatRequest, step: int) -> ChatRequest: ...
 
 
 @dataclass
@@ -21,11 +33,14 @@ class ChatRequest:
     chat_template_kwargs: dict[str, Any] | None = None  # merged over the route's (e.g. enable_thinking)
     continue_final_message: bool = False  # the last message is a partial assistant turn to continue
     # Raw text appended after the rendered generation prompt: the model's own partial turn (its reasoning and any
-    # spliced tool results included), continued as the Search-o1 original does with a prompt string. Unlike
-    # `continue_final_message`, the chat template sees only `messages`, so a turn can be resumed inside a Qwen3
-    # thinking block. Write the turn with its own `<think>`: where the template already opened one (Qwen3.6,
-    # QwQ), the backend drops the duplicate. Exclusive with `continue_final_message`.
+    # spliced tool results included), continued as the tool-using baselines' originals do with a prompt string.
+    # Unlike `continue_final_message`, the chat template sees only `messages`, so it cannot rewrite the turn
+    # (Qwen3's drops what lies between two reasoning blocks) and a turn can be resumed inside a thinking block.
+    # Write the turn with its own `<think>`: where the template already opened one (Qwen3.6, QwQ), the backend
+    # drops the duplicate. Exclusive with `continue_final_message`.
     raw_continuation: str | None = None
+    # How to make the prompt smaller when it does not fit the context (None: only the generic fallbacks).
+    shrink: PromptShrinker | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -39,12 +54,19 @@ class Completion:
     model: str = ""
     adapter: str | None = None
     finish_reason: str | None = None  # "stop", "length", ...
+    # max_tokens came inside the reasoning (no `</think>`): see maps_train.llm.budget (`backend.reasoning_cap`)
+    reasoning_capped: bool = False
     role: str = ""
     constrained: bool = False  # True when a JSON schema constrained decoding (vllm, openai; never hf)
     # The sampling the backend actually used (route merged with the request's overrides), for the trace.
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    # Prompt tokens left out to fit the context (0: the prompt went as built), and then the prompt the model
+    # saw instead: its messages and, for a raw continuation, the continued text (None when nothing was left out).
+    prompt_tokens_dropped: int = 0
+    fitted_messages: list[dict[str, str]] | None = None
+    fitted_continuation: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,12 +33,11 @@ from maps_train.llm.common import (
     adapter_name,
     call_spec,
     default_route,
-    fit_prompt,
+    fit_request,
     generation_opens_thinking,
     model_can_think,
     prompt_closes_thinking,
     reasoning_token_count,
-    render_prompt,
     split_thinking,
     think_close_id,
 )
@@ -133,6 +132,8 @@ class VLLMBackend:
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         if self.reasoning_parser:
             kwargs["reasoning_parser"] = self.reasoning_parser
+        if cfg.language_model_only:
+            kwargs["language_model_only"] = True
         if self.enable_lora:
             kwargs.update(enable_lora=True, max_loras=lora_slots(self.max_loras, cpu), max_lora_rank=cfg.max_lora_rank)
         kwargs.update(self.engine_kwargs)
@@ -205,24 +206,15 @@ class VLLMBackend:
         with self._lock:  # one thread at a time renders and tokenises (a fast tokenizer is not re-entrant)
             loras = [self.lora_request(s.adapter, s.request.role) if s.adapter else None for s in specs]
             tok = self.tokenizer
-            texts = [render_prompt(tok, s) for s in specs]
+            fitted = [fit_request(tok, s, self.config.max_model_len, self.config.truncate_prompt) for s in specs]
+            texts = [f.text for f in fitted]
             self._check_thinking(specs, texts, tok)
-            prompts = [
-                TokensPrompt(
-                    prompt_token_ids=fit_prompt(
-                        list(tok(text, add_special_tokens=False)["input_ids"]),
-                        s,
-                        self.config.max_model_len,
-                        self.config.truncate_prompt,
-                    )
-                )
-                for s, text in zip(specs, texts)
-            ]
+            prompts = [TokensPrompt(prompt_token_ids=f.ids) for f in fitted]
         params = [self.sampling_params(s) for s in specs]
         finished = loop.generate(prompts, params, loras)
         completions = []
         with self._lock:
-            for spec, lora, done, text in zip(specs, loras, finished, texts):
+            for spec, lora, done, text, fit in zip(specs, loras, finished, texts, fitted):
                 out = done.output
                 sample = out.outputs[0]
                 token_ids = list(sample.token_ids)
@@ -241,6 +233,7 @@ class VLLMBackend:
                         role=spec.request.role,
                         constrained=spec.json_schema is not None,
                         **spec.sampling_used(),
+                        **fit.completion_fields(),
                     )
                 )
         return completions

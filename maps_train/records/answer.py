@@ -18,7 +18,13 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 
 # Counters every cost carries (0 when a foreign record leaves them out), as the reports show them.
-ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "reasoning_tokens")
+# `truncated_calls`: calls whose prompt was shrunk (or cut) to fit the context, `prompt_tokens_dropped` what they
+# left out.
+# `reasoning_capped_calls`: calls whose reasoning hit max_tokens; `length_capped_calls`: calls that hit it at all.
+ROLE_KEYS = (
+    "calls", "prompt_tokens", "completion_tokens", "reasoning_tokens", "truncated_calls", "prompt_tokens_dropped",
+    "reasoning_capped_calls", "length_capped_calls",
+)
 COST_KEYS = (*ROLE_KEYS, "retrievals", "passages", "latency_s")
 
 
@@ -42,11 +48,17 @@ class RoleCost:
     completion_tokens: int = 0  # every generated token, thinking included
     latency_s: float = 0.0
     reasoning_tokens: int = 0  # of completion_tokens, those spent thinking (0 in records from before thinking)
+    truncated_calls: int = 0  # calls whose prompt did not fit the context as built
+    prompt_tokens_dropped: int = 0  # what those calls left out
+    reasoning_capped_calls: int = 0  # calls whose reasoning hit max_tokens (see maps_train.llm.budget)
+    length_capped_calls: int = 0  # calls that hit max_tokens at all, in the reasoning or not
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
-                "latency_s": round(self.latency_s, 4)}
+                "truncated_calls": self.truncated_calls, "prompt_tokens_dropped": self.prompt_tokens_dropped,
+                "reasoning_capped_calls": self.reasoning_capped_calls,
+                "length_capped_calls": self.length_capped_calls, "latency_s": round(self.latency_s, 4)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str, error: type[MapsTrainError] = RecordFormatError) -> RoleCost:
@@ -76,6 +88,18 @@ class Cost:
         cost.completion_tokens += int(completion_tokens or 0)
         cost.reasoning_tokens += int(reasoning_tokens or 0)
 
+    def add_dropped(self, role: str, prompt_tokens_dropped: int) -> None:
+        """A call whose prompt was shrunk to fit the context (see `backend.truncate_prompt`)."""
+        cost = self.by_role.setdefault(role, RoleCost())
+        cost.truncated_calls += 1
+        cost.prompt_tokens_dropped += int(prompt_tokens_dropped)
+
+    def add_caps(self, role: str, reasoning_capped: bool, length_capped: bool) -> None:
+        """A call that hit its max_tokens: inside its reasoning, or anywhere."""
+        cost = self.by_role.setdefault(role, RoleCost())
+        cost.reasoning_capped_calls += int(reasoning_capped)
+        cost.length_capped_calls += int(length_capped)
+
     def add_latency(self, role: str, latency_s: float) -> None:
         self.by_role.setdefault(role, RoleCost()).latency_s += latency_s
 
@@ -101,6 +125,22 @@ class Cost:
         return sum(c.reasoning_tokens for c in self.by_role.values())
 
     @property
+    def truncated_calls(self) -> int:
+        return sum(c.truncated_calls for c in self.by_role.values())
+
+    @property
+    def prompt_tokens_dropped(self) -> int:
+        return sum(c.prompt_tokens_dropped for c in self.by_role.values())
+
+    @property
+    def reasoning_capped_calls(self) -> int:
+        return sum(c.reasoning_capped_calls for c in self.by_role.values())
+
+    @property
+    def length_capped_calls(self) -> int:
+        return sum(c.length_capped_calls for c in self.by_role.values())
+
+    @property
     def latency_s(self) -> float:
         return round(sum(c.latency_s for c in self.by_role.values()) + self.retrieval_latency_s, 4)
 
@@ -110,6 +150,10 @@ class Cost:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "reasoning_tokens": self.reasoning_tokens,
+            "truncated_calls": self.truncated_calls,
+            "prompt_tokens_dropped": self.prompt_tokens_dropped,
+            "reasoning_capped_calls": self.reasoning_capped_calls,
+            "length_capped_calls": self.length_capped_calls,
             "by_role": {role: cost.to_dict() for role, cost in self.by_role.items()},
             "retrievals": self.retrievals,
             "passages": self.passages,

@@ -90,6 +90,11 @@ class CallUsage:
     top_p: float | None = None
     seed: int | None = None
     reasoning_tokens: int = 0  # of completion_tokens, those spent thinking; 0 in traces from before thinking
+    prompt_tokens_dropped: int = 0  # prompt tokens left out to fit the context (`backend.truncate_prompt`)
+    # max_tokens came inside the reasoning (`backend.reasoning_cap`: the answer was then forced, tokens included
+    # here), and max_tokens was hit at all (finish_reason "length", or a forced answer's first call)
+    reasoning_capped: bool = False
+    length_capped: bool = False
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "usage") -> CallUsage:
@@ -107,6 +112,9 @@ class CallUsage:
             top_p=_get(data, "top_p", float, where, None),
             seed=_get(data, "seed", int, where, None),
             reasoning_tokens=_get(data, "reasoning_tokens", int, where, 0),
+            prompt_tokens_dropped=_get(data, "prompt_tokens_dropped", int, where, 0),
+            reasoning_capped=bool(_get(data, "reasoning_capped", bool, where, None)),
+            length_capped=bool(_get(data, "length_capped", bool, where, None)),
         )
 
 

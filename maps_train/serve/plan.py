@@ -148,6 +148,8 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
         command += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if backend.tensor_parallel_size > 1:
         command += ["--tensor-parallel-size", str(backend.tensor_parallel_size)]
+    if backend.language_model_only:
+        command.append("--language-model-only")
     if recipe.sft_data.enable_thinking and model_can_think(base):
         # The served routes think: the server returns the reasoning apart, counts its tokens, and starts a JSON
         # grammar only after `</think>` (without it the grammar would forbid thinking).

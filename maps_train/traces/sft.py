@@ -11,7 +11,8 @@ sample order). A sample (one question's trace) is kept when:
    is a `duplicate` row, and a sample made only of duplicates is rejected whole (it does not count against the cap).
 
 Each kept role call becomes one row of the adapter that serves that role, unless it is over a length cap
-(`prompt_too_long`, `completion_too_long`):
+(`prompt_too_long`, `completion_too_long`) or longer than `train.sft.max_length` as the student's chat template
+renders prompt and completion together (`over_max_length`, see `SFTSetBuilder.fits_max_length`):
 
     {"prompt": [messages exactly as the teacher saw them], "completion": [{"role": "assistant", "content": raw}],
      "chat_template_kwargs": {"enable_thinking": false}, "question_id": ..., "role": ...}
@@ -24,8 +25,8 @@ questions goes to `<adapter>/eval.jsonl` instead, every row of such a question i
 is trained on and evaluated. The statistics
 (printed, and saved as `<out_dir>/stats.json`) count rejected samples by reason (`rejects`: `incorrect_answer`,
 `parse_failure`, `over_cap`, `duplicate_sample`, `bad_line`; and rows: `duplicate_row`, `prompt_too_long`,
-`completion_too_long`), and per role the rows kept and rejected by reason (`rows`: role -> reason -> count, with
-`kept`; a rejected sample's calls count under its reason).
+`completion_too_long`, `over_max_length`), and per role the rows kept and rejected by reason (`rows`: role ->
+reason -> count, with `kept`; a rejected sample's calls count under its reason).
 """
 
 from __future__ import annotations
@@ -166,8 +167,18 @@ class TokenCounter:
             return len(text.split())
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def row(self, messages: list[dict[str, str]], completion: str, kwargs: dict[str, Any]) -> int | None:
+        """Tokens of the whole row as TRL's SFTTrainer tokenizes a conversational prompt-completion row: prompt and
+        completion rendered together by the chat template (None without a tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        conversation = [*messages, {"role": "assistant", "content": completion}]
+        ids = self.tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs)
+        return len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
 
 KEPT = "kept"
+OVER_MAX_LENGTH = "over_max_length"  # a row TRL would cut at train.sft.max_length (its completion with it)
 # A rejected sample's reason: (the `rejects` key, counted per sample; the `rows` key its calls count under)
 INCORRECT = ("incorrect_answer", "incorrect")
 UNPARSED = ("parse_failure", "unparsed")
@@ -183,6 +194,7 @@ class SFTSetBuilder:
         self.role_to_adapter = adapter_of_role(recipe, shared=False)
         self.kwargs = {"enable_thinking": self.config.enable_thinking}
         self.counter = TokenCounter(self.config.tokenizer or recipe.train.student)
+        self.max_length = recipe.train.sft.get("max_length")  # TRL cuts longer rows from the end: the completion
         self.stats = SFTStats()
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.row_questions: dict[str, list[tuple[str, str]]] = defaultdict(list)  # beside rows: each row's question
@@ -237,6 +249,8 @@ class SFTSetBuilder:
             too_long = "prompt_too_long"
         elif config.max_completion_tokens is not None and completion_tokens > config.max_completion_tokens:
             too_long = "completion_too_long"
+        elif not self.fits_max_length(call.messages, completion):
+            too_long = OVER_MAX_LENGTH
         if too_long is not None:
             self.stats.rejects[too_long] += 1
             counts[too_long] += 1
@@ -250,6 +264,17 @@ class SFTSetBuilder:
         self.stats.examples[adapter] += 1
         self.stats.prompt_tokens[call.role] += prompt_tokens
         self.stats.completion_tokens[call.role] += completion_tokens
+
+
+    def fits_max_length(self, messages: list[dict[str, str]], completion: str) -> bool:
+        """Whether TRL keeps the whole row: it cuts a row over `train.sft.max_length` from the end, which is the
+        completion, the very part the adapter learns. Such a row is dropped, not shortened: a prompt with evidence
+        or observations left out is one the teacher never answered, so its completion would teach the student to
+        cite what it cannot see (and a trace row does not say where its pieces begin and end)."""
+        if self.max_length is None:
+            return True
+        length = self.counter.row(messages, completion, self.kwargs)
+        return length is None or length <= self.max_length
 
 
 def _question_key(trace: TraceRecord) -> tuple[str, str]:

@@ -3,17 +3,20 @@ reasons in one assistant turn, and each search call may hold several sub-queries
 in one batched retrieval request; the full history stays in context.
 
 Each step, over every active question:
-1. ONE backend call (role "reasoner") continues each question's turn, stopping at `</search>` or `</answer>`
-   (the dropped stop tag is put back).
-2. The first `<search>...</search>` or `<answer>...</answer>` in the new text is the action. An answer ends the
-   question. A search is split on `##`; the sub-queries of EVERY searching question go to ONE retriever call, and
-   each question gets `\\n\\n<information>...</information>\\n\\n` spliced back: its sub-queries' top-K lists one
-   after another ("Doc i(Title: t) text", numbered per sub-query, as the original concatenates them). Anything
-   else gets the invalid-action note spliced back.
+1. ONE backend call (role "reasoner") continues each question's turn (sent raw after the generation prompt, so
+   the model reads back exactly what it wrote, every `<think>` block included), stopping at `</search>` or
+   `</answer>` (the dropped stop tag is put back).
+2. The first `<search>...</search>` or `<answer>...</answer>` in the new text, its reasoning included (the
+   original reads the whole generation), is the action. An answer ends the question. An action cut off by the
+   token limit (finish reason "length") is no action: its tag is not closed, and it counts as a parse failure
+   (`extra.action` "truncated"). A search is split on `##`; the sub-queries of EVERY searching question go to
+   ONE retriever call, and each question gets `\\n\\n<information>...</information>\\n\\n` spliced back:
+   its sub-queries' top-K lists one after another ("Doc i(Title: t) text", numbered per sub-query, as the
+   original concatenates them). Anything else gets the invalid-action note spliced back.
 The original runs `max_turns` such steps and then one last generation whose searches are not executed; here that
 bound is `agent.max_searches` (the paper's "up to 10 searches"), so a question ends by "answered",
 "max_searches" (the last step searched again) or "no_answer" (the last step wrote neither). The answer is the
-last `<answer>` the model wrote (the option letter for multiple choice).
+last closed `<answer>` the model wrote (the option letter for multiple choice).
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import re
 from dataclasses import dataclass, field
 
 from maps_train.agents.baselines.answers import extract_answer_tag
-from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, search_r1_docs
+from maps_train.agents.baselines.base import (
+    BaselineEngine,
+    Turn,
+    inside_thinking,
+    model_piece,
+    parsed_later,
+    search_r1_docs,
+)
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_question
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
@@ -78,15 +88,20 @@ def first_action(text: str) -> tuple[str, str] | None:
     return None
 
 
-def parse_action(text: str) -> Parsed:
-    """{"action": "search" | "answer" | None, "content", "sub_queries"} from the first action tag."""
+def parse_action(text: str, cut_off: bool = False) -> Parsed:
+    """{"action": "search" | "answer" | None, "content", "sub_queries"} from the first action tag.
+
+    The backend drops the stop tag, so a tag left open at the end is closed first, unless `cut_off`: the token
+    limit ended the text, and an action it cut off never closed (as in the original, it is no action)."""
     notes = cut_notes(text)
-    found = first_action(close_open_tag(bounded(text)))
+    text = bounded(text)
+    found = first_action(text if cut_off else close_open_tag(text))
     if not found:
+        cut = cut_off and close_open_tag(text) != text
         return Parsed(
             {"action": None, "content": "", "sub_queries": []},
             ok=False,
-            error="no <search> or <answer> tag",
+            error="action cut off by the token limit" if cut else "no <search> or <answer> tag",
             notes=notes,
         )
     action, content = found[0], found[1].strip()
@@ -115,8 +130,6 @@ def information_block(hit_lists: list[list[Hit]], max_words: int) -> str:
 
 @register_method("parallel_search")
 class ParallelSearchEngine(BaselineEngine):
-    continuing_roles = ("reasoner",)
-
     def prompt_names(self) -> list[str]:
         return [PROMPT, "baselines/answer_tag_short", "baselines/answer_tag_choice"]
 
@@ -142,20 +155,24 @@ class ParallelSearchEngine(BaselineEngine):
     def _step(self, active: list[ParallelSearchRun], prompts) -> list[tuple[ParallelSearchRun, list[str]]]:
         plans = [
             RolePlan(
-                run=run, role="reasoner", messages=run.turn.messages(prompts[id(run)]), parse=parse_action, stop=STOPS
+                run=run, role="reasoner", messages=run.turn.messages(prompts[id(run)]), parse=parsed_later, stop=STOPS
             )
             for run in active
         ]
+        inside = {id(run): inside_thinking(run.turn.text) for run in active}
         searching = []
-        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+        for plan, (call, _) in zip(plans, self.call_roles(plans)):
             run = plan.run
             run.steps += 1
             last_step = run.steps > self.agent.max_searches  # the original's final rollout: no search is run
             round_ = run.start_round()
             round_.calls.append(call)
-            run.turn.add_model(close_open_tag(model_piece(call)))
+            written = model_piece(call, inside[id(run)])
+            cut_off = call.usage.finish_reason == "length"
+            parsed = self.record_parse(run, call, parse_action(written, cut_off=cut_off))
+            run.turn.add_model(written if cut_off else close_open_tag(written))
             action = parsed.value["action"]
-            round_.extra["action"] = action or "invalid"
+            round_.extra["action"] = action or ("truncated" if cut_off else "invalid")
             if action == "answer":
                 run.stop_reason = "answered"
             elif last_step:

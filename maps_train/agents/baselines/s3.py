@@ -4,7 +4,9 @@ from the documents it kept.
 Step 0: ONE retriever call gets every question's top-K ("the initial searched results"), shown in the searcher's
 prompt as the first `<information>` block. Then each step, over every active question:
 1. ONE backend call (role "searcher") continues each question's assistant turn, stopping at `</query>` (put back).
-   In the new text: `<important_info>[ids]</important_info>` keeps those Doc numbers of the latest information
+   The turn goes out raw after the generation prompt, so the searcher reads back exactly what it wrote, every
+   `<think>` block included. In the new text, its reasoning included (the original reads the whole generation):
+   `<important_info>[ids]</important_info>` keeps those Doc numbers of the latest information
    block (once per block, ids outside the block ignored); `<search_complete>True</search_complete>` ends the
    search; otherwise `<query>{"query": "..."}</query>` (JSON, or the bare text when it is not JSON) is a search.
 2. The queries of every searching question go to ONE retriever call; each question gets
@@ -27,7 +29,15 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from maps_train import safejson
-from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, reopen_stop, search_r1_docs
+from maps_train.agents.baselines.base import (
+    BaselineEngine,
+    Turn,
+    inside_thinking,
+    model_piece,
+    parsed_later,
+    reopen_stop,
+    search_r1_docs,
+)
 from maps_train.agents.baselines.vanilla import parse_direct
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import format_question, passage_body, truncate_words
@@ -142,8 +152,6 @@ def generator_documents(hits: list[Hit], max_words: int) -> str:
 
 @register_method("s3")
 class S3Engine(BaselineEngine):
-    continuing_roles = ("searcher",)
-
     def prompt_names(self) -> list[str]:
         return [SEARCHER_PROMPT, GENERATOR_PROMPT, "baselines/answer_direct_short", "baselines/answer_direct_choice"]
 
@@ -182,26 +190,28 @@ class S3Engine(BaselineEngine):
                 run=run,
                 role="searcher",
                 messages=run.turn.messages(prompts[id(run)]),
-                parse=partial(parse_searcher, query_open=run.turn.text.endswith(NUDGE)),
+                parse=parsed_later,
                 stop=[QUERY_CLOSE],
             )
             for run in active
         ]
+        inside = {id(run): inside_thinking(run.turn.text) for run in active}
         searching = []
-        for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
+        for plan, (call, _) in zip(plans, self.call_roles(plans)):
             run = plan.run
             run.steps += 1
             round_ = run.start_round()
             round_.calls.append(call)
-            piece, open_query = reopen_stop(model_piece(call), QUERY_OPEN, QUERY_CLOSE)
-            if run.turn.text.endswith(NUDGE) and QUERY_OPEN not in model_piece(call) and QUERY_CLOSE not in piece:
+            written = model_piece(call, inside[id(run)])
+            nudged = run.turn.text.endswith(NUDGE)
+            parsed = parse_searcher(written, query_open=nudged)
+            piece, open_query = reopen_stop(written, QUERY_OPEN, QUERY_CLOSE)
+            if nudged and QUERY_OPEN not in written and QUERY_CLOSE not in piece:
                 piece, open_query = piece + QUERY_CLOSE, piece  # the nudge opened the query
             if open_query is not None and call.usage.finish_reason == "length":
                 # Cut off inside the query by the token limit: the original sees no `</query>`, so no search.
-                piece, parsed = (
-                    model_piece(call),
-                    Parsed({**parsed.value, "query": None}, ok=False, error="query cut off"),
-                )
+                piece, parsed = written, Parsed({**parsed.value, "query": None}, ok=False, error="query cut off")
+            self.record_parse(run, call, parsed)
             run.turn.add_model(piece)
             value = parsed.value
             latest = len(run.blocks) - 1

@@ -14,12 +14,11 @@ Each turn, over every active question:
 A question also stops after `agent.max_turns` reasoner turns ("max_turns"). The answer is the last `\\boxed{}`
 (then an "Answer:" line) in what the reasoner wrote; the option letter for multiple choice.
 
-Thinking (`roles.reasoner.enable_thinking`): the turn is continued as the original does, as a raw prompt: the
-chat template renders the conversation once, then the model's partial turn (its `<think>` block, the closed
-queries and the spliced results) follows as raw text (`ChatRequest.raw_continuation`). Search markers can then sit
-inside the reasoning, as they did for QwQ. The query is read from everything the model wrote in the turn, its
-reasoning included. With thinking off the turn is continued through the chat template
-(`continue_final_message`), which renders the same text there.
+The turn is continued as the original does, as a raw prompt (`baselines.base.RawTurnBackend`): the chat template
+renders the conversation once, then the model's partial turn (its `<think>` blocks, the closed queries and the
+spliced results) follows as raw text, byte for byte, with thinking on or off. With thinking
+(`roles.reasoner.enable_thinking`) search markers can sit inside the reasoning, as they did for QwQ. The query is
+read from everything the model wrote in the turn, its reasoning included.
 
 Trace: one round per turn; its calls are the reasoner's and (when it searched) the condenser's; `extra.action`
 is "search", "repeat_refused", "limit_refused", "answer" or "truncated"; `observation` is the spliced text.
@@ -27,16 +26,16 @@ is "search", "repeat_refused", "limit_refused", "answer" or "truncated"; `observ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from maps_train.agents.baselines.answers import extract_reasoned_answer
-from maps_train.agents.baselines.base import BaselineEngine, Turn, model_piece, reopen_stop
+from maps_train.agents.baselines.base import BaselineEngine, Turn, inside_thinking, model_piece, reopen_stop
 from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import format_passages, format_question
+from maps_train.agents.evidence import LEFT_OUT, OBSERVATIONS_ORDER, format_question, passages_slot
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
 from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
+from maps_train.agents.prompting import ShrinkableSlot
 from maps_train.agents.registry import register_method
-from maps_train.llm.types import Backend, ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.records.trace import RoleCall, SubQueryHits, TraceRecord
 
@@ -61,52 +60,8 @@ class SearchO1Run(QuestionRun):
     executed: set[str] = field(default_factory=set)
 
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-
-
 def result_block(text: str) -> str:
     return f"\n\n{BEGIN_RESULT}{text}{END_RESULT}\n\n"
-
-
-class RawTurnBackend:
-    """Sends a continued turn as a raw continuation: a request of `roles` whose last message is the assistant's
-    partial turn goes out as the conversation before it plus that text after the generation prompt
-    (`raw_continuation`), so the turn can be resumed inside a thinking block. The trace keeps the messages as
-    planned (the partial turn as the last, assistant message)."""
-
-    def __init__(self, inner: Backend, roles: tuple[str, ...]):
-        self.inner = inner
-        self.roles = roles
-
-    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
-        return self.inner.generate([self._raw(req) for req in requests])
-
-    def _raw(self, request: ChatRequest) -> ChatRequest:
-        messages = request.messages
-        if request.role not in self.roles or not messages or messages[-1].get("role") != "assistant":
-            return request
-        return replace(request, messages=messages[:-1], raw_continuation=messages[-1]["content"])
-
-    def __getattr__(self, name: str):  # close, ... of the wrapped backend
-        return getattr(self.inner, name)
-
-
-def inside_thinking(turn_text: str) -> bool:
-    """The turn so far ends inside an open think block (its last `<think>` is not closed)."""
-    return turn_text.rfind(THINK_OPEN) > turn_text.rfind(THINK_CLOSE)
-
-
-def turn_piece(call: RoleCall, inside: bool) -> str:
-    """What the model wrote in this call, as it goes back into its own turn. Outside a think block this is
-    `model_piece` (a think block the backend split off is put back, opening tag included). Inside one (the raw
-    continuation resumed it) the reasoning continues the open block: no second `<think>`; the block closes only
-    when an answer followed it."""
-    if not inside or call.reasoning is None:
-        return model_piece(call)
-    if not call.raw_text:
-        return call.reasoning
-    return f"{call.reasoning}\n{THINK_CLOSE}\n\n{call.raw_text}"
 
 
 def _deferred(_: str) -> Parsed:
@@ -148,6 +103,18 @@ def abridge_reasoning(reasoning: str) -> str:
     return "\n\n".join(kept)
 
 
+def abridged_slot(reasoning: str) -> ShrinkableSlot:
+    """`abridge_reasoning` as a slot: step k leaves out the k oldest steps after the first (the newest stays)."""
+    steps = abridge_reasoning(reasoning).split("\n\n")
+
+    def text(k: int) -> str:
+        if k <= 0:
+            return "\n\n".join(steps)
+        return "\n\n".join([steps[0], f"(earlier steps {LEFT_OUT})", *steps[1 + k :]])
+
+    return ShrinkableSlot(max(0, len(steps) - 2), text, OBSERVATIONS_ORDER)
+
+
 def parse_condensed(text: str) -> Parsed:
     """The text after the last "**Final Information**" heading, on one line; the original's "No helpful
     information found." when the heading is missing or nothing with a letter or digit follows it (counted as a
@@ -165,16 +132,6 @@ def parse_condensed(text: str) -> Parsed:
 
 @register_method("search_o1")
 class SearchO1Engine(BaselineEngine):
-    # Empty: the base class refuses thinking on roles it continues through the chat template; this engine
-    # continues a thinking reasoner's turn raw instead (see the module doc).
-    continuing_roles = ()
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.raw_turns = self.recipe.route("reasoner").enable_thinking
-        if self.raw_turns:
-            self.backend = RawTurnBackend(self.backend, roles=("reasoner",))
-
     def prompt_names(self) -> list[str]:
         return [REASONER_PROMPT, CONDENSER_PROMPT, "baselines/answer_boxed_short", "baselines/answer_boxed_choice"]
 
@@ -217,13 +174,13 @@ class SearchO1Engine(BaselineEngine):
             )
             for run in active
         ]
-        inside = {id(run): self.raw_turns and inside_thinking(run.turn.text) for run in active}
+        inside = {id(run): inside_thinking(run.turn.text) for run in active}
         searching = []
         for plan, (call, _) in zip(plans, self.call_roles(plans)):
             run = plan.run
             round_ = run.start_round()
             round_.calls.append(call)
-            written = turn_piece(call, inside[id(run)])
+            written = model_piece(call, inside[id(run)])
             query = self._parse_turn(run, call, written)
             piece, open_query = reopen_stop(written, BEGIN_QUERY, END_QUERY)
             if open_query is not None and call.usage.finish_reason == "length":
@@ -267,14 +224,16 @@ class SearchO1Engine(BaselineEngine):
             round_ = run.current
             round_.retrieved = [SubQueryHits(query=query, passage_ids=[h.id for h in hits])]
             round_.evidence_ids = [h.id for h in hits]
-            messages = self.prompts.render(
+            messages, shrink = self.prompts.render_shrinkable(
                 CONDENSER_PROMPT,
                 question=format_question(run.question),
-                previous_reasoning=abridge_reasoning(run.turn.text),
+                previous_reasoning=abridged_slot(run.turn.text),
                 query=query,
-                passages=format_passages(hits, self.agent.max_passage_words),
+                passages=passages_slot(hits, self.agent.max_passage_words),
             )
-            plans.append(RolePlan(run=run, role="condenser", messages=messages, parse=parse_condensed))
+            plans.append(
+                RolePlan(run=run, role="condenser", messages=messages, parse=parse_condensed, shrink=shrink)
+            )
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             info = parsed.value["information"]
             plan.run.current.calls.append(call)

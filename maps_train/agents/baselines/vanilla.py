@@ -11,7 +11,7 @@ from functools import partial
 from maps_train.agents.baselines.answers import extract_direct_answer
 from maps_train.agents.baselines.base import BaselineEngine
 from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import format_passages, format_question
+from maps_train.agents.evidence import format_question, passages_slot
 from maps_train.agents.jsonparse import Parsed, has_content
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
@@ -45,14 +45,20 @@ class VanillaRAGEngine(BaselineEngine):
             round_.retrieved = [SubQueryHits(query=run.question.question, passage_ids=[h.id for h in hits])]
             round_.evidence_ids = [h.id for h in hits]
             letters = self.letters(run.question)
-            messages = self.prompts.render(
+            messages, shrink = self.prompts.render_shrinkable(
                 PROMPT,
-                passages=format_passages(hits, self.agent.max_passage_words),
+                passages=passages_slot(hits, self.agent.max_passage_words),
                 question=format_question(run.question),
                 answer_format=self.answer_format("direct", letters),
             )
             plans.append(
-                RolePlan(run=run, role="generator", messages=messages, parse=partial(parse_direct, letters=letters))
+                RolePlan(
+                    run=run,
+                    role="generator",
+                    messages=messages,
+                    parse=partial(parse_direct, letters=letters),
+                    shrink=shrink,
+                )
             )
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.final_call = call
