@@ -73,7 +73,8 @@ def run_ours(args, sft_dir: Path, work: Path, packing: bool) -> dict:
     )
     wall = time.perf_counter() - start
     summary = json.loads((out / "consolidator" / "train_summary.json").read_text())
-    return {"tokens": summary["train_tokens"], "runtime": summary["train_runtime"], "wall": wall}
+    trainer_metrics = json.loads((out / "_trainer" / "consolidator" / "train_results.json").read_text())
+    return {"tokens": summary["train_tokens"], "runtime": trainer_metrics["train_runtime"], "wall": wall}
 
 
 def run_plain(args, sft_dir: Path, work: Path, packing: bool) -> dict:

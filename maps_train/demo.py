@@ -16,7 +16,7 @@ commands a user runs, printing each one so any step can be rerun by hand:
 
 The demo's teacher is the student base (the only real instruct model that installs offline), so one server holds
 it for the teacher's traces and, once the adapters are loaded into it, for every system of the evaluation: one
-vLLM start instead of two (an engine start costs about 50 s of the 2 cores).
+vLLM start instead of two (an engine start is the slowest start-up: see docs/throughput.md).
 
 Every step resumes, so a rerun continues where a killed demo stopped. The end writes `REPORT.md` (the eval table,
 per-role parse rates without constrained decoding before and after the adapters, student vs teacher) and prints

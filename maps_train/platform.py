@@ -48,8 +48,8 @@ def cpu_multiplies_bf16() -> bool:
 def vllm_dtype(requested: str, cpu: bool) -> str:
     """The `dtype` a vLLM engine or `vllm serve` gets for a recipe's `backend.dtype`. An explicit dtype is kept.
     "auto" is vLLM's own choice on GPU; on vLLM-CPU it is bfloat16 where the CPU multiplies bf16, else float32.
-    vLLM-CPU's bf16 on an AVX2-only CPU fell back to ATen's slow GEMM (prefill 73 tokens/s vs 436 in float32); on
-    a Zen 4 with AVX512-BF16 it prefilled 1.66x faster than float32 (docs/throughput.md)."""
+    vLLM-CPU's bf16 on an AVX2-only CPU falls back to ATen's slow GEMM, far slower than float32; with AVX512-BF16
+    it is faster than float32 (measured in docs/throughput.md)."""
     if requested != "auto":
         return requested
     if not cpu:

@@ -269,9 +269,9 @@ LORA_DEFAULTS: dict[str, Any] = {
 def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str, Any], check) -> dict[str, Any]:
     """`check(options)`, remembered per installed version of the library that judges it.
 
-    Importing TRL or PEFT costs about 11 s on 2 CPU cores, and every command that loads a recipe (traces, eval,
-    serve, sft-data) would pay it to check a section it never uses. The library's verdict on the same options under
-    the same versions (and this checking code) does not change, so an accepted set is kept under
+    Importing TRL or PEFT takes seconds (docs/throughput.md, start-up costs), and every command that loads a
+    recipe (traces, eval, serve, sft-data) would pay it to check a section it never uses. The library's verdict on
+    the same options under the same versions (and this checking code) does not change, so an accepted set is kept under
     $MAPS_TRAIN_HOME/checks and later loads reuse it; a refused set is never kept, so it fails every time."""
     from importlib.metadata import version
 
@@ -348,7 +348,7 @@ class TrainConfig:
     accelerate_config: str | None = None  # what `maps-train train` launches with; null: see --num-processes
     num_processes: int = 1  # `maps-train train` without accelerate_config: ranks to start (CPU: gloo)
     # `--role all` in ONE `accelerate launch` (adapters one after another in the same ranks) instead of one launch
-    # per adapter: saves a launch, its imports and a model load per adapter (about 25 s each on 2 CPU cores);
+    # per adapter: saves a launch, its imports and a model load per adapter (see docs/throughput.md, start-up costs);
     # one launch per adapter (the default) isolates them (fresh CUDA/DeepSpeed state for each).
     one_launch: bool = False
     # Keyword arguments of trl.SFTConfig and peft.LoraConfig, over SFT_DEFAULTS / LORA_DEFAULTS; checked against the

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.analysis.gold import gold_corpus_ids, gold_passages
-from maps_train.analysis.sequences import SubquerySequence
-from maps_train.analysis.trace_reader import read_traces, sequence_from_trace
+from maps_train.analysis.sequences import SubquerySequence, sequence_from_trace
+from maps_train.analysis.trace_reader import read_traces
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
 
@@ -89,10 +89,6 @@ def find_runs(path: str | Path) -> list[RunFolder]:
     if not runs:
         raise MapsTrainError(f"{path}: no answers.jsonl or traces.jsonl in it or under runs/<system>/<dataset>/")
     return runs
-
-
-def systems_of(runs: Iterable[RunFolder]) -> list[str]:
-    return list(dict.fromkeys(r.system for r in runs))
 
 
 # -- question metadata ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Four sources give the same record:
   (one sub-query) or a list of strings (a round with several parallel sub-queries);
 - MuSiQue rows whose `metadata.question_decomposition` lists the gold sub-questions in order (one per round),
   or demo-world rows with `metadata.decomposition` (strings) and `metadata.decomposition_answers`;
-- a run's `traces.jsonl` (rows with `schema_version`), read by `trace_reader` (the searched rounds);
+- a run's `traces.jsonl` (rows with `schema_version`): the rounds `trace_reader` finds searched;
 - any iterable, or callable returning one, of `(question, [[round-1 sub-queries], [round-2 ...]])` pairs.
 
 MuSiQue sub-questions refer to earlier answers as `#1`, `#2` and many are relation triples (`X >> capital`);
@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from maps_train.analysis.gold import gold_passages
+from maps_train.analysis.trace_reader import read_traces, searched_rounds
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import iter_jsonl
+from maps_train.records.trace import TraceRecord
 
 # keep: "#1 >> capital" as written; answer: "#1" replaced by the gold answer of sub-question 1.
 References = Literal["keep", "answer"]
@@ -56,6 +58,17 @@ def clean_rounds(rounds: list[list[str]]) -> list[list[str]]:
     return cleaned
 
 
+def sequence_from_trace(
+    trace: TraceRecord, evidence: Iterable[str] = (), include_question_searches: bool = False
+) -> SubquerySequence:
+    """The sequence of sub-queries one trace searched (see `trace_reader` for which rounds count)."""
+    rounds = clean_rounds(searched_rounds(trace, include_question_searches))
+    return SubquerySequence(trace.question_id, trace.question, rounds, list(evidence), dataset=trace.dataset)
+
+
+def read_trace_sequences(path: str | Path, include_question_searches: bool = False) -> list[SubquerySequence]:
+    """Sequences (no gold evidence: traces do not carry question metadata) from a traces file."""
+    return [sequence_from_trace(t, (), include_question_searches) for t in read_traces(path)]
 
 
 def musique_subquery(text: str, answers: list[str], references: References, relations: Relations) -> str:
@@ -119,8 +132,6 @@ def load_sequences(
     for index, (number, row) in enumerate(iter_jsonl(path)):
         where = f"{path}:{number}"
         if index == 0 and "schema_version" in row:  # an agent's traces.jsonl, not sub-query rows
-            from maps_train.analysis.trace_reader import read_trace_sequences
-
             return read_trace_sequences(path)
         if not isinstance(row.get("question"), str):
             raise MapsTrainError(f"{where}: missing field 'question'")

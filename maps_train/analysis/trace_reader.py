@@ -17,14 +17,15 @@ are the `retrieved` queries. What differs per method is which searches the metho
 A search with the question text verbatim (vanilla's, s3's initial one) is not a sub-query the method wrote: its
 q_t equals q_0, a zero move. The readers leave it out unless `include_question_searches` (then the number of
 rounds read equals the record's `retrieval_rounds`).
+
+`analysis.sequences` turns these rounds into `SubquerySequence`s (`sequence_from_trace`, `read_trace_sequences`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from maps_train.analysis.sequences import SubquerySequence, clean_rounds
 from maps_train.errors import MapsTrainError
 from maps_train.records.trace import RoundRecord, TraceRecord, iter_traces
 
@@ -60,13 +61,6 @@ def searched_rounds(trace: TraceRecord, include_question_searches: bool = False)
     return rounds
 
 
-def sequence_from_trace(
-    trace: TraceRecord, evidence: Iterable[str] = (), include_question_searches: bool = False
-) -> SubquerySequence:
-    rounds = clean_rounds(searched_rounds(trace, include_question_searches))
-    return SubquerySequence(trace.question_id, trace.question, rounds, list(evidence), dataset=trace.dataset)
-
-
 def read_traces(path: str | Path) -> list[TraceRecord]:
     """Every trace of a `traces.jsonl`; the first bad line is an error naming file and line."""
     traces = []
@@ -75,8 +69,3 @@ def read_traces(path: str | Path) -> list[TraceRecord]:
             raise MapsTrainError(str(record))
         traces.append(record)
     return traces
-
-
-def read_trace_sequences(path: str | Path, include_question_searches: bool = False) -> list[SubquerySequence]:
-    """Sequences (no gold evidence: traces do not carry question metadata) from a traces file."""
-    return [sequence_from_trace(t, (), include_question_searches) for t in read_traces(path)]

@@ -83,7 +83,3 @@ def require_safetensors_adapter(folder: Path, what: str) -> None:
     pickled = _pickled_only(folder)
     found = f"only {', '.join(pickled[:3])}, which is not loaded (torch.load can run code)" if pickled else "none"
     raise MapsTrainError(f"{what}: {folder} has no {ADAPTER_SAFETENSORS} ({found}); save the adapter as safetensors")
-
-
-def is_builtin(name: str) -> bool:
-    return name.startswith("builtin:")

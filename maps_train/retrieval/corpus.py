@@ -33,7 +33,7 @@ import hashlib
 import json
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,9 +163,6 @@ class Corpus:
         end = self._mm.find(b"\n", start)
         raw = self._mm[start : end if end != -1 else len(self._mm)]
         return self._parse(raw, start)
-
-    def get_many(self, rows: Sequence[int]) -> list[Passage]:
-        return [self[int(row)] for row in rows]
 
     def iter_rows(self, start: int = 0, stop: int | None = None) -> Iterator[Passage]:
         stop = len(self) if stop is None else min(stop, len(self))

@@ -65,7 +65,7 @@ def _same_base(recorded: str | None, base: str, base_name: str) -> bool:
 
 def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
     """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank."""
-    from maps_train.train.adapter_check import VLLM_LORA_RANKS, check_adapter
+    from maps_train.train.adapter_check import allowed_lora_ranks, check_adapter
 
     base_name = recipe.serve.base_model or recipe.train.student
     base = resolve_model(base_name)
@@ -85,9 +85,9 @@ def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
         ranks.append(max([int(config.get("r", 0)), *(config.get("rank_pattern") or {}).values()]))
     if not adapters:
         raise MapsTrainError("serve: the recipe names no adapters (sft_data.adapter_roles is empty)")
-    max_rank = next((r for r in VLLM_LORA_RANKS if r >= max(ranks)), None)
+    max_rank = next((r for r in allowed_lora_ranks() if r >= max(ranks)), None)
     if max_rank is None:
-        raise MapsTrainError(f"serve: adapter rank {max(ranks)} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+        raise MapsTrainError(f"serve: adapter rank {max(ranks)} exceeds vLLM's largest ({allowed_lora_ranks()[-1]})")
     return base, adapters, max_rank
 
 
@@ -100,12 +100,12 @@ def _vllm_serve(base: str) -> list[str]:
 def planned_rank(recipe: Recipe) -> int:
     """The `--max-lora-rank` of a server started before its adapters exist: the smallest vLLM rank that holds
     `train.lora.r` (and `backend.max_lora_rank`)."""
-    from maps_train.train.adapter_check import VLLM_LORA_RANKS
+    from maps_train.train.adapter_check import allowed_lora_ranks
 
     wanted = max(int(recipe.train.lora.get("r") or 0), int(recipe.backend.max_lora_rank or 0))
-    rank = next((r for r in VLLM_LORA_RANKS if r >= wanted), None)
+    rank = next((r for r in allowed_lora_ranks() if r >= wanted), None)
     if rank is None:
-        raise MapsTrainError(f"serve: LoRA rank {wanted} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+        raise MapsTrainError(f"serve: LoRA rank {wanted} exceeds vLLM's largest ({allowed_lora_ranks()[-1]})")
     return rank
 
 

@@ -1,4 +1,5 @@
-"""Is a saved LoRA adapter one that vLLM's multi-LoRA serving loads? Checked from its files, without vLLM.
+"""Is a saved LoRA adapter one that vLLM's multi-LoRA serving loads? Checked from its files, without loading vLLM
+(its list of allowed LoRA ranks is pinned to the installed version's by a test: `allowed_lora_ranks`).
 
 What vLLM (0.32-0.33) refuses or mishandles, mirrored here so a bad adapter fails right after training rather
 than when the server starts: a rank above its largest `max_lora_rank` (any r up to the server's
@@ -14,22 +15,48 @@ Weights are read from `adapter_model.safetensors` only: an adapter saved as `ada
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from maps_train import safejson
 from maps_train.errors import MapsTrainError
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
+# vLLM 0.32's `--max-lora-rank` choices, for the checks that must not import vLLM (importing it costs tens of seconds
+# on a CPU, too much for every training process and every recipe check) and where vLLM is not installed; the
+# engine process reads the installed version's own list (`allowed_lora_ranks`), and tests/test_native.py fails when
+# the two differ, so a vLLM upgrade cannot drift from this copy unnoticed.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@cache
+def vllm_lora_ranks() -> tuple[int, ...]:
+    """The values the installed vLLM's `--max-lora-rank` accepts (the Literal type of `LoRAConfig.max_lora_rank`),
+    in increasing order."""
+    if importlib.util.find_spec("vllm") is None:
+        return VLLM_LORA_RANKS
+    from vllm.config.lora import LoRAConfig
+
+    return tuple(sorted(get_args(get_type_hints(LoRAConfig)["max_lora_rank"])))
+
+
+def allowed_lora_ranks() -> tuple[int, ...]:
+    """vLLM's own list where this process has already imported vLLM (an engine), else the pinned copy: importing
+    vLLM only to read it would cost every training process and `maps-train serve` tens of seconds."""
+    return vllm_lora_ranks() if "vllm" in sys.modules else VLLM_LORA_RANKS
 
 
 def rank_problem(rank: object) -> str | None:
     """Why vLLM could not serve a LoRA of this rank (None when it can): a positive int no larger than the largest
-    `--max-lora-rank`. vLLM pads every adapter to the server's max rank, so r need not be one of the choices."""
+    `--max-lora-rank`. vLLM pads every adapter to the server's max rank, so r need not be one of the choices.
+    Checked when training configures LoRA (see `allowed_lora_ranks`)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         return f"{rank!r} is not a positive integer rank"
-    if rank > VLLM_LORA_RANKS[-1]:
-        return f"{rank} exceeds the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})"
+    largest = allowed_lora_ranks()[-1]
+    if rank > largest:
+        return f"{rank} exceeds the largest rank vLLM serves ({largest})"
     return None
 SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VOCAB_MODULES = ("embed_tokens", "lm_head")
