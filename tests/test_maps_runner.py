@@ -160,23 +160,39 @@ def test_iter_traces_reports_bad_lines_with_file_line_and_field(tmp_path):
     assert messages[3].startswith(f"{bad}:5: invalid JSON")
 
 
-def test_without_a_backend_or_retriever_the_recipe_builds_them_and_the_router_is_closed(monkeypatch, tmp_path):
+def test_without_a_backend_or_retriever_the_recipe_builds_them_and_the_router_is_closed(
+    monkeypatch, tmp_path, tiny_qwen3
+):
+    """The real builders: the recipe's router starts an HF engine on the tiny Qwen3, the retriever a BM25 index over
+    a three-passage corpus (built on first use). A spy on `make_backend` keeps the engine the router built (and
+    still calls the real one), so the test sees that the run closed it."""
     import maps_train.llm.router as router_module
-    import maps_train.retrieval as retrieval_package
-    import maps_train.retrieval.factory as factory_module
 
-    class ClosableBackend(ScriptedBackend):
-        closed = False
+    corpus = tmp_path / "corpus.jsonl"
+    passages = {"c1": "Paris is the capital of France.", "c2": "Dijon is in Burgundy.", "c3": "Lyon is on the Rhone."}
+    corpus.write_text("".join(json.dumps({"id": pid, "contents": text}) + "\n" for pid, text in passages.items()))
+    built = []
+    real_make_backend = router_module.make_backend
 
-        def close(self):
-            self.closed = True
+    def spy(*args, **kwargs):
+        built.append(real_make_backend(*args, **kwargs))
+        return built[-1]
 
-    backend, retriever = ClosableBackend(), RecordingRetriever()
-    monkeypatch.setattr(router_module, "build_router", lambda config: backend)
-    monkeypatch.setattr(factory_module, "build_retriever", lambda cfg: retriever)
-    monkeypatch.setattr(retrieval_package, "build_retriever", lambda cfg: retriever, raising=False)
-    run_method(recipe(), questions(1), tmp_path, progress=False)
-    assert backend.closed and backend.batches and retriever.calls
+    monkeypatch.setattr(router_module, "make_backend", spy)
+    config = recipe(
+        "agent.max_rounds=1", "agent.top_k=2", "retrieval.kind=bm25", f"retrieval.corpus={corpus}",
+        f"retrieval.index_dir={tmp_path / 'index'}", f"roles={{default: {{backend: hf, model: {tiny_qwen3}, "
+        "max_tokens: 8}}",
+    )
+    # The random model's turns do not parse, so every search falls back to the question: BM25 ranks c1 first.
+    question = Question(id="q0", question="Which city is the capital of France?", golden_answers=["Paris"])
+    (record,) = run_method(config, [question], tmp_path / "out", progress=False)
+    assert [type(b).__name__ for b in built] == ["HFBackend"] and built[0].model is None  # one engine, closed
+    assert (tmp_path / "index" / "manifest.json").is_file()  # the BM25 index the recipe names, built on first use
+    (trace,) = read_lines(tmp_path / "out" / "traces.jsonl")
+    retrieved = [hits["passage_ids"] for round_ in trace["rounds"] for hits in round_["retrieved"]]
+    assert retrieved and all(ids[0] == "c1" and set(ids) <= set(passages) for ids in retrieved)  # the recipe's corpus
+    assert record.question_id == "q0" and record.cost.calls >= 4 and record.cost.prompt_tokens > 0  # the real model
 
 
 def test_continuous_writes_each_question_the_moment_it_finishes(tmp_path):

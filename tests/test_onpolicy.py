@@ -174,8 +174,8 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
     onpolicy_rows = [row for row in rows if row["source"] == "on-policy"]
     assert onpolicy_rows and all(json.dumps(row["prompt"]) in students_prompts for row in onpolicy_rows)
     for adapter in ("proposer", "writer", "consolidator"):
-        summary = json.loads((out / "adapters" / adapter / "train_summary.json").read_text())
-        assert summary["global_step"] == 2  # retrained for real
+        state = json.loads((out / "adapters" / "_trainer" / adapter / "trainer_state.json").read_text())
+        assert state["global_step"] == 2  # retrained for real
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({
@@ -188,10 +188,31 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
         ],
     }))
     from maps_train.agents.runner import run_method
+    from maps_train.evaluate.results import read_results
+
+    served: dict[str, list] = {}  # system -> the specs its student calls became (route and adapter included)
 
     def runner(system_recipe, pending, run_dir, progress=True):
-        return run_method(system_recipe, pending, run_dir, backend=student_backend_for(system_recipe.roles),
-                          progress=False)
+        recorded = RecordingBackend(hf_tiny_qwen3)
+        served[Path(run_dir).parent.name] = recorded.specs  # <out_dir>/runs/<system>/<dataset>
+        student = Router(system_recipe.roles, backends={"vllm": recorded})
+        return run_method(system_recipe, pending, run_dir, backend=student, progress=False)
 
     outcome = run_suite(suite, runner=runner, progress=False)
     assert set(outcome.summary["cells"]) == {"off_policy", "on_policy_1"} and outcome.scored == 4
+    # Side by side means: the same questions, each system on its own adapters (the retrained ones differ), and each
+    # cell's Cover-EM the mean of its own rows.
+    results = read_results(outcome.results_path)
+    for system, adapters in (("off_policy", adapters_dir), ("on_policy_1", out / "adapters")):
+        by_role = {spec.request.role: set() for spec in served[system]}
+        for spec in served[system]:
+            by_role[spec.request.role].add(spec.adapter)
+        assert by_role == {role: {str(adapters / ("consolidator" if role == "answer" else role))} for role in ROLES}
+        rows = [row for row in results if row["system"] == system]
+        assert sorted(row["question_id"] for row in rows) == sorted(row["question_id"] for row in results
+                                                                     if row["system"] == "off_policy")
+        cell = outcome.summary["cells"][system]["Avg"]
+        assert cell["n"] == 2 and cell["cover_em"] == pytest.approx(sum(row["cover_em"] for row in rows) / 2)
+    for adapter in ("proposer", "writer", "consolidator"):
+        weights = "adapter_model.safetensors"
+        assert (adapters_dir / adapter / weights).read_bytes() != (out / "adapters" / adapter / weights).read_bytes()

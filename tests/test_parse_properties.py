@@ -8,7 +8,8 @@ in linear time (a per-test timeout turns a hang into a failure), and keeps the c
 The new linear-time helpers are also checked against the regexes they replace, on inputs small enough for those.
 
 `PARSERS` (name -> text -> contract violations) is shared with tests/test_parse_fixed.py (the fixed cases and the fuzz
-corpus). Hypothesis keeps no example database here (`database=None`): every run draws fresh cases.
+corpus). A failing case is kept in the example database (.hypothesis/, git-ignored; tests/conftest.py's profile),
+replayed first on the next run and printed as a `@reproduce_failure` blob.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -69,11 +71,10 @@ N = 3  # directions / queries asked for
 
 def budget(examples: int):
     """Hypothesis settings for one test: `examples` cases, no per-example deadline (the per-test timeout is the
-    hang check), no example database (nothing written into the working tree)."""
+    hang check); the example database and printed blobs come from tests/conftest.py's profile."""
     return settings(
         max_examples=examples,
         deadline=None,
-        database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
 
@@ -471,7 +472,6 @@ def test_python_style_dicts_are_used_but_never_ok(role, data):
 @budget(300)
 @given(data=st.data())
 def test_schema_check_agrees_with_jsonschema(data):
-    jsonschema = pytest.importorskip("jsonschema")
     role = data.draw(st.sampled_from(sorted(ROLES)), label="role")
     obj = data.draw(role_object(role), label="object")
     schema = ROLES[role].schema

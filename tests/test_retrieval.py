@@ -291,18 +291,22 @@ def test_service_under_concurrent_clients_matches_in_process(dense):
     expected = dense.search(QUERIES, k=5)
     by_query = dict(zip(QUERIES, expected))
 
+    # Merging without a timing window: 16 clients of 2 queries each and a batch of exactly 32 queries, so a batch
+    # closes when all 16 wait on it (each client sends its next request only once answered): 3 searches of 32.
+    # The long max_wait only bounds a failure; no machine is too slow for it to decide the outcome.
+    clients, per_request = 16, 2
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(dense, max_wait_ms=5), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(dense, max_batch=clients * per_request, max_wait_ms=60_000)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "the retrieval service did not start"
             time.sleep(0.05)
-        client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=60)
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=120)
+        with ThreadPoolExecutor(max_workers=clients) as pool:
             answers = list(pool.map(lambda request: client.search(*request), requests))
         for (queries, k), hits_per_query in zip(requests, answers):
             for query, hits in zip(queries, hits_per_query):
@@ -312,8 +316,8 @@ def test_service_under_concurrent_clients_matches_in_process(dense):
                 )
         stats = client.health()["stats"]
         assert stats["requests"] == len(requests)
-        assert stats["search_calls"] < len(requests)  # concurrent requests were merged into shared searches
-        assert stats["largest_batch"] > 2
+        # concurrent requests were merged into shared searches, all full
+        assert stats["search_calls"] == len(requests) // clients and stats["largest_batch"] == clients * per_request
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -12,6 +12,13 @@ from collections import defaultdict
 from dataclasses import replace
 
 import pytest
+from scripted_backend import (
+    RecordingBackend,
+    RecordingRetriever,
+    ScriptedBackend,
+    consolidator_sufficient_after,
+    default_writer,
+)
 
 from maps_train.agents.engine import request_seed
 from maps_train.llm.common import call_spec
@@ -21,13 +28,6 @@ from maps_train.recipe import BackendConfig, RoleRoute, load_recipe
 from maps_train.records.trace import CallUsage, iter_traces
 from maps_train.traces.collect import collect_traces, run_dirs
 from maps_train.traces.sft import build_sft_sets
-from tests.scripted_backend import (
-    RecordingBackend,
-    RecordingRetriever,
-    ScriptedBackend,
-    consolidator_sufficient_after,
-    default_writer,
-)
 
 K = 3
 T = 0.8

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
 
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.traces.collect import collect_traces, run_dirs
 from maps_train.traces.sft import build_sft_sets
-from tests.scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
 
 
 def write_questions(path, n):

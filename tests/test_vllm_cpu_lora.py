@@ -19,7 +19,7 @@ from maps_train.llm import vllm_cpu_lora as grouped
 
 reference = pytest.importorskip("vllm.lora.ops.torch_ops")
 
-SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
