@@ -99,12 +99,12 @@ class TemplateModel:
         written = self.scripts[request.role](request, turn)
         generated, finish = written if isinstance(written, tuple) else (written, "stop")
         opened = generation_opens_thinking(prompt, spec)
-        if opened:
-            generated = generated.removeprefix(THINK)
+        if opened:  # the template opened the block: the model writes no opening tag of its own
+            generated = generated.removeprefix(THINK).removeprefix("<think>")
         self.sent.append(Sent(request, prompt, generated))
         text, _ = cut_at_stop(generated, request.stop)
         answer, reasoning = split_thinking(text, opened)
-        return Completion(text=answer, reasoning=reasoning, completion_tokens=len(generated.split()),
+        return Completion(text=answer, reasoning=reasoning, generated=text, completion_tokens=len(generated.split()),
                           model="template-double", finish_reason=finish, role=request.role)
 
     def calls(self, role: str, question_id: str = "q0") -> list[Sent]:
@@ -226,6 +226,36 @@ def test_a_continued_turn_holds_everything_the_model_wrote_byte_for_byte(tokeniz
     if method == "s3":
         assert [r.extra["action"] for r in turn_rounds] == ["search", "search", "search", "complete"]
         assert trace.rounds[2].extra["kept"]  # `<important_info>` inside the reasoning counted
+
+
+# Generations whose spacing is not Qwen3's own layout (no newline after `<think>`, none before `</think>`, spaces
+# before the action, a trailing blank): the split parts would be put back re-spaced; the turn must hold these bytes.
+UNEVEN_STEPS = {
+    "parallel_search": steps(
+        "<think>I need the engineer.</think>  <search>Eiffel Tower engineer</search>",
+        "<think> So Eiffel;   now where was he born? </think>\n<search>Gustave Eiffel birthplace</search>",
+        "<think>Dijon.</think> <answer>Dijon</answer>",
+    ),
+    "s3": steps(
+        '<think>Docs name the tower.</think> <search_complete>False</search_complete> <query>{"query": "Eiffel"}</query>',
+        '<think>  Doc 2 says Dijon. </think><important_info>[2]</important_info><query>{"query": "Dijon"}</query>',
+        '<think>Enough.</think>   <search_complete>True</search_complete>',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("method", sorted(UNEVEN_STEPS))
+def test_a_turn_keeps_the_models_own_spacing_byte_for_byte(tokenizers, method, case):
+    """What the backend generated goes back into the turn as generated (`Completion.generated`), not rebuilt from
+    the split reasoning and answer, which would normalise the whitespace around `<think>` and `</think>`."""
+    overrides, scripts, role = METHODS[method]
+    (trace,), model = run_through_template(tokenizers, case, overrides, {**scripts, role: UNEVEN_STEPS[method]})
+    calls = model.calls(role)
+    assert len(calls) >= 3
+    for before, after in zip(calls, calls[1:]):
+        assert after.prompt.startswith(before.prompt + before.generated), f"{method}/{case}: re-spaced turn"
+    assert trace.final_answer == "Dijon"
 
 
 def test_a_piece_inside_an_open_think_block_continues_it():

@@ -44,7 +44,7 @@ class CappedThinkingBackend:
 
     @staticmethod
     def _reply(request: ChatRequest) -> Completion:
-        if request.raw_continuation and "</think>" in request.raw_continuation:
+        if request.raw_continuation and REASONING_CAP_CLOSE in request.raw_continuation:  # the forced answer
             return Completion(text=ANSWER, prompt_tokens=90, completion_tokens=7, latency_s=0.5, finish_reason="stop")
         if request.role == "long_answer":  # no thinking: the answer itself is cut
             return Completion(text='{"answer": "Par', prompt_tokens=20, completion_tokens=8, finish_reason="length")
@@ -87,6 +87,35 @@ def test_a_raw_turn_that_was_capped_keeps_its_text_in_front_of_the_reasoning():
     turn = "<think>\nSearching first."
     _router(backend).generate([ChatRequest(role="reasoner", messages=MESSAGES, raw_continuation=turn)])
     assert backend.requests[1].raw_continuation == f"{turn}{CAPPED_REASONING}{REASONING_CAP_CLOSE}"
+
+
+def test_a_raw_turn_past_its_reasoning_opens_a_new_block_for_the_capped_one():
+    """A turn whose last think block is closed (a tool result spliced after it): the capped reasoning began with
+    its own `<think>`, which the split took off, so it is put back before the reasoning."""
+    backend = CappedThinkingBackend()
+    turn = "<think>\nFirst.\n</think>\n\n<information>Doc 1</information>\n\n"
+    _router(backend).generate([ChatRequest(role="reasoner", messages=MESSAGES, raw_continuation=turn)])
+    assert backend.requests[1].raw_continuation == f"{turn}<think>\n{CAPPED_REASONING}{REASONING_CAP_CLOSE}"
+
+
+class ExactTextBackend(CappedThinkingBackend):
+    """The same double, for a backend that reports its exact generated text (`Completion.generated`): the capped
+    call wrote its reasoning with spacing that the split would lose."""
+
+    GENERATED = "<think>The question asks for a capital.\n\n  France's capital is"
+
+    def _reply(self, request: ChatRequest) -> Completion:
+        completion = super()._reply(request)
+        completion.generated = self.GENERATED if completion.finish_reason == "length" else completion.text
+        return completion
+
+
+def test_the_follow_up_continues_from_exactly_what_the_capped_call_generated():
+    backend = ExactTextBackend()
+    turn = "<think>\nFirst.\n</think>\n\n<information>Doc 1</information>\n\n"
+    [completion] = _router(backend).generate([ChatRequest(role="reasoner", messages=MESSAGES, raw_continuation=turn)])
+    assert backend.requests[1].raw_continuation == f"{turn}{ExactTextBackend.GENERATED}{REASONING_CAP_CLOSE}"
+    assert completion.generated == f"{ExactTextBackend.GENERATED}{REASONING_CAP_CLOSE}{ANSWER}"
 
 
 def test_policy_none_keeps_the_empty_answer_but_still_marks_the_call():

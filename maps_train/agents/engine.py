@@ -243,6 +243,7 @@ class Engine:
                 usage=usage,
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
+                generated=completion.generated,
             )
             plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens,
                                          completion.reasoning_tokens)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from maps_train.llm.common import prompt_opens_thinking
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import RoleRoute
 
@@ -72,12 +73,19 @@ class ReasoningCap:
     def follow_up(self, request: ChatRequest, capped: Completion) -> ChatRequest:
         """The same turn continued after the capped reasoning and the stop-thinking instruction.
 
-        A turn that was already a raw continuation (Search-o1) keeps its text in front; otherwise the turn opens
-        its own `<think>` (dropped by `join_continuation` where the template already opened one)."""
-        turn = request.raw_continuation if request.raw_continuation is not None else _THINK_OPEN
+        The turn so far (a raw continuation's text, if the request was one) is followed by exactly what the model
+        generated (`Completion.generated`), so the follow-up's prompt is the capped call's prompt plus its output,
+        byte for byte. Where the backend could not give the exact text, the reasoning is put back after a `<think>`
+        unless the turn already ended inside one (an opener right after a template that opened the block is
+        dropped by `join_continuation`)."""
+        turn = request.raw_continuation or ""
+        if capped.generated is not None:
+            written = capped.generated
+        else:
+            written = ("" if prompt_opens_thinking(turn) else _THINK_OPEN) + (capped.reasoning or "")
         return replace(
             request,
-            raw_continuation=f"{turn}{capped.reasoning}{REASONING_CAP_CLOSE}",
+            raw_continuation=f"{turn}{written}{REASONING_CAP_CLOSE}",
             max_tokens=self.answer_tokens,
             shrink=None,
         )
@@ -86,9 +94,13 @@ class ReasoningCap:
 def merged(capped: Completion, answer: Completion) -> Completion:
     """One completion for the two calls: the follow-up's answer after the capped reasoning (closed by the
     instruction, as the model saw it), every token and second of both calls, the follow-up's finish reason."""
+    both = None if capped.generated is None or answer.generated is None else (
+        f"{capped.generated}{REASONING_CAP_CLOSE}{answer.generated}"
+    )
     return replace(
         capped,
         text=answer.text,
+        generated=both,  # the whole turn the two calls wrote, the inserted instruction included
         reasoning=f"{capped.reasoning}{REASONING_CAP_CLOSE.split('</think>')[0].rstrip()}",
         prompt_tokens=capped.prompt_tokens + answer.prompt_tokens,
         completion_tokens=capped.completion_tokens + answer.completion_tokens,

@@ -160,6 +160,7 @@ class HFBackend:
                 Completion(
                     text=answer,
                     reasoning=reasoning,
+                    generated=text,
                     prompt_tokens=len(prompts[row]),
                     completion_tokens=len(new),
                     reasoning_tokens=reasoning_token_count(new, tok, answer, reasoning),

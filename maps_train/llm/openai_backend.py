@@ -279,6 +279,7 @@ class OpenAIBackend:
         return Completion(
             text=text,
             reasoning=reasoning,
+            generated=(choice.text or "") if raw else None,  # a chat reply may have been split by the server
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=completion_tokens,
             reasoning_tokens=min(reasoning_tokens, completion_tokens),

@@ -47,6 +47,10 @@ class ChatRequest:
 class Completion:
     text: str
     reasoning: str | None = None  # Qwen3 thinking, when the model thought
+    # Exactly what the model wrote after the prompt, before `text` and `reasoning` were split out of it (think tags
+    # and whitespace as generated): what a continued turn must carry on from, byte for byte. None where the
+    # backend cannot know it (a chat reply a server's reasoning parser split).
+    generated: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # every generated token, the reasoning's included
     reasoning_tokens: int = 0  # of completion_tokens, those spent thinking (up to and including `</think>`)

@@ -223,6 +223,7 @@ class VLLMBackend:
                     Completion(
                         text=answer,
                         reasoning=reasoning,
+                        generated=sample.text,
                         prompt_tokens=len(out.prompt_token_ids or []),
                         completion_tokens=len(token_ids),
                         reasoning_tokens=reasoning_token_count(token_ids, tok, answer, reasoning),

@@ -130,9 +130,14 @@ class RoleCall:
     usage: CallUsage = field(default_factory=CallUsage)
     reasoning: str | None = None
     parse_error: str | None = None  # why parsing failed, and which fallback produced `parsed`
+    # The call's exact generated text (`Completion.generated`), for a method that continues the turn within the
+    # question's run; not written to traces (`raw_text` and `reasoning` hold what was said).
+    generated: str | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["generated"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "call") -> RoleCall:

@@ -79,13 +79,15 @@ def inside_thinking(turn_text: str) -> bool:
 
 
 def model_piece(call: RoleCall, inside: bool = False) -> str:
-    """What the model wrote in this call, as it goes back into its own turn. Backends split a leading `<think>`
-    block off into `reasoning` (Qwen3 thinking, or a Search-R1 model writing `<think>...</think>` as plain text),
-    so the block is put back in Qwen3's own layout (`<think>\\n...\\n</think>\\n\\n`): exactly what a Qwen3 model
-    writes, while other whitespace around the reasoning (the backend strips it) is normalised. An empty answer
-    after the reasoning is a block still open (the stop string came inside it). `inside`: the turn already ended
-    inside a think block (the raw continuation resumed it), so the reasoning continues that block: no second
-    `<think>`."""
+    """What the model wrote in this call, as it goes back into its own turn: the backend's exact generated text
+    (`RoleCall.generated`), byte for byte. Where a backend could not give it, it is rebuilt from the split parts:
+    a leading `<think>` block went into `reasoning` (Qwen3 thinking, or a Search-R1 model writing
+    `<think>...</think>` as plain text) and is put back in Qwen3's own layout (`<think>\\n...\\n</think>\\n\\n`),
+    other whitespace around it normalised. An empty answer after the reasoning is a block still open (the stop
+    string came inside it). `inside`: the turn already ended inside a think block (the raw continuation resumed
+    it), so the reasoning continues that block: no second `<think>`."""
+    if call.generated is not None:
+        return call.generated
     if call.reasoning is None:
         return call.raw_text
     opener = "" if inside else f"{THINK_OPEN}\n"
