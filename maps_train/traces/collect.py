@@ -17,6 +17,7 @@ correct, fully parsed, distinct samples. A single sample runs the recipe as it i
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,19 @@ def sample_recipe(recipe: Recipe, sample: int) -> Recipe:
     return dataclasses.replace(recipe, agent=dataclasses.replace(recipe.agent, sampling=sampling))
 
 
+def run_folder_name(path: str) -> str:
+    """`<folder>-<stem>` of a questions file (`data/demo/train.jsonl` -> `demo-train`), from its absolute path, so
+    `train.jsonl`, `./train.jsonl` and `/abs/demo/train.jsonl` resume in one folder; a file at `/` is its stem."""
+    absolute = Path(os.path.abspath(path))  # not resolve(): a symlink loop raises there on Python 3.11
+    return f"{absolute.parent.name}-{absolute.stem}" if absolute.parent.name else absolute.stem
+
+
 def run_dirs(recipe: Recipe) -> list[tuple[Path, Path, int]]:
     """(questions file, output folder, sample index) for every run the recipe asks for."""
     config = recipe.traces
     if not config.questions:
         raise MapsTrainError("traces.questions: no questions files given")
-    stems = [Path(path).stem if Path(path).parent.name in ("", ".") else f"{Path(path).parent.name}-{Path(path).stem}"
-             for path in config.questions]
+    stems = [run_folder_name(path) for path in config.questions]
     if len(set(stems)) != len(stems):
         raise MapsTrainError(f"traces.questions: two files map to the same output folder ({stems})")
     return [
