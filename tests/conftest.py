@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MAPS_TRAIN_HOME", str(REPO / ".cache" / "maps-train"))
 apply_runtime_defaults(offline=True)
 
-pytest_plugins = ["fixtures_llm"]  # LLM backend fixtures (tests/ is on sys.path: rootdir conftest, no __init__)
+# LLM backends and the retrieval indexes, one per session (tests/ is on sys.path: rootdir conftest, no __init__)
+pytest_plugins = ["fixtures_llm", "fixtures_retrieval"]
 
 REALDATA = Path(os.environ.get("MAPS_TRAIN_REALDATA") or REPO.parent / "shared" / "realdata")
 # Every file of the real data a test reads: one missing skips (or, required, fails) every test that asks for it.

@@ -1,7 +1,6 @@
-# ruff: noqa: F811  (the fixtures imported from test_retrieval are requested as parameters)
 """Issue 36: no request takes the retrieval service down (limits, strict types, a bad query fails only its request).
 
-The real service (uvicorn on loopback) over the real MiniLM + FAISS index of tests/test_retrieval.py; raw httpx
+The real service (uvicorn on loopback) over the real MiniLM + FAISS index of tests/fixtures_retrieval.py; raw httpx
 sends what `RetrievalClient` never would. The one test double, `PoisonedRetriever`, makes a batch's search
 raise on demand: every real input that used to raise is now refused before it can join a batch.
 """
@@ -17,10 +16,8 @@ from contextlib import contextmanager
 import httpx
 import numpy as np
 import pytest
+from fixtures_retrieval import QUERIES  # the index fixtures come from the plugin (tests/conftest.py)
 from pydantic import ValidationError
-
-# test_retrieval's index fixtures, imported so pytest finds them here (tests then name them as parameters)
-from test_retrieval import QUERIES, dense, dense_dir, encoder, settings, short_corpus  # noqa: F401
 
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.client import RetrievalClient
