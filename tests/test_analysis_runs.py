@@ -363,7 +363,8 @@ def test_analyze_suite_cli_writes_every_table_and_plot(suite_out, minilm, tmp_pa
     mean = sum(a["retrieval_rounds"] for a in answers) / 12
     assert f"| s3 | 12 | {mean:.2f} | 0.0% | 0.0% | 0.0% | retrieval_rounds |" in stops
     page = (out / "analysis.md").read_text()
-    assert "Search momentum (Table 1)" in page and "Stop rounds (3.4)" in page
+    assert "## Table 1: search momentum per data set, on Search-o1" in page and "Stop rounds (3.4)" in page
+    assert "| HotpotQA | search_o1 | 1 |" in page and "## Search momentum per system and pooled (this project's" in page
     rows = list((out / "drift" / "drift.csv").read_text().splitlines())
     assert rows[0].startswith("method,round,n,drift,abs_drift,evidence_similarity,n_evidence")
     # Gold evidence came from the suite's data sets, looked up by question id: every round has a similarity.
@@ -389,10 +390,10 @@ def test_analyze_suite_logs_tables_and_plots_to_the_tracker(suite_out, minilm, t
     tracker = Recording()
     options = SuiteAnalysisOptions(encoder=minilm, drift_questions=5, drift_beta=0.3)
     result = analyze_suite(suite_out / "runs" / "maps", tmp_path, options, TextEncoder(minilm), tracker=tracker)
-    assert [s.name for s in result.sections] == ["momentum", "drift", "stops"]
+    assert [s.name for s in result.sections] == ["momentum", "drift", "stops", "evidence"]
     assert {(kind, key) for kind, key, _ in tracker.logged} == {
-        ("table", "momentum"), ("table", "drift"), ("table", "stops"),
-        ("image", "momentum_plot"), ("image", "drift_plot"), ("image", "stops_plot"),
+        ("table", "momentum"), ("table", "drift"), ("table", "stops"), ("table", "evidence"),
+        ("image", "momentum_plot"), ("image", "drift_plot"), ("image", "stops_plot"), ("image", "evidence_plot"),
     }
     assert "5 questions drawn" in result.sections[1].markdown and "β = 0.3" in result.sections[1].markdown
 
@@ -403,7 +404,7 @@ def test_a_run_without_sub_queries_still_gets_its_tables(suite_out, minilm, tmp_
 
     options = SuiteAnalysisOptions(encoder=minilm)
     result = analyze_suite(suite_out / "runs" / "vanilla", tmp_path, options, TextEncoder(minilm))
-    momentum, drift, stops = (s.markdown for s in result.sections)
+    momentum, drift, stops, _ = (s.markdown for s in result.sections)
     assert "vanilla: no fit" in momentum and "of their own on these questions: vanilla" in drift
     assert "| vanilla | 12 | 1.00 | 100.0% |" in stops
     assert all(s.plot.stat().st_size > 0 for s in result.sections)

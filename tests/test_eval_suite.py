@@ -396,9 +396,9 @@ def test_shipped_suites_load_and_their_overrides_fit_the_recipe(repo_root, name)
     if name == "paper":
         methods = {s.name: load_recipe(None, s.overrides).agent for s in suite.systems}
         assert {a.method for a in methods.values()} == {"maps", "vanilla", "search_o1", "parallel_search", "s3"}
-        assert methods["maps_no_parallelism"].num_directions == 1
-        assert methods["maps_no_directions"].use_directions is False
-        assert methods["maps_no_decoupling"].decoupled is False
+        assert methods["maps_no_parallelism.think"].num_directions == 1
+        assert methods["maps_no_directions.think"].use_directions is False
+        assert methods["maps_no_decoupling.nothink"].decoupled is False
 
 
 def test_paper_suite_samples_realdata(repo_root, realdata):

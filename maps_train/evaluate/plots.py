@@ -3,12 +3,14 @@
 - Cover-EM x 100 against cost per question, one panel per data set and one for the average, with the Pareto
   front (no other system is both cheaper and more accurate) drawn and its points ringed. Cost is the estimated
   compute (TFLOPs) when every system has it, else prompt + completion tokens.
+- Evidence recall x 100 against the same cost, on the data sets whose questions have gold passages.
 - The distribution of the round each question stopped at, per system.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,38 @@ def _cost(cell: dict[str, Any], key: str) -> float:
 
 
 def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
+    def cover_em(system: str, panel: str) -> float | None:
+        cell = summary["cells"][system].get(panel)
+        return None if cell is None else 100 * cell["cover_em"]
+
+    return _plot_score_vs_cost(summary, path, cover_em, "Cover-EM x 100", "Cover-EM against cost", summary["datasets"])
+
+
+def plot_evidence_recall_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
+    """Evidence recall (every hit of every search) x 100 against the same cost, on the data sets with gold."""
+    evidence = summary.get("evidence", {})
+
+    def recall(system: str, panel: str) -> float | None:
+        cell = evidence.get(system, {}).get(panel)
+        return None if cell is None or cell["evidence_recall"] is None else 100 * cell["evidence_recall"]
+
+    datasets = [d for d in summary["datasets"] if any(d in cells for cells in evidence.values())]
+    return _plot_score_vs_cost(summary, path, recall, "evidence recall x 100", "Evidence recall against cost", datasets)
+
+
+def _plot_score_vs_cost(
+    summary: dict[str, Any],
+    path: str | Path,
+    score_of: Callable[[str, str], float | None],
+    score_label: str,
+    title: str,
+    datasets: list[str],
+) -> Path:
+    """One panel per data set (and Avg) of `score_of(system, panel)` against the cell's cost, Pareto front drawn."""
     plt = pyplot()
     key, label = cost_axis(summary)
     # The average panel only adds something when there is more than one data set.
-    panels = summary["datasets"] + ([AVG] if len(summary["datasets"]) > 1 else [])
+    panels = datasets + ([AVG] if len(datasets) > 1 else [])
     columns = min(4, len(panels))
     rows = math.ceil(len(panels) / columns)
     # at least 7.5 inches wide, so the legend row below fits even with one panel
@@ -54,10 +84,10 @@ def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
         ax = axes[index // columns][index % columns]
         points = []
         for number, system in enumerate(summary["systems"]):
-            cell = summary["cells"][system].get(panel)
-            if cell is None:
+            cell, score = summary["cells"][system].get(panel), score_of(system, panel)
+            if cell is None or score is None:
                 continue
-            point = (_cost(cell, key), 100 * cell["cover_em"], system)
+            point = (_cost(cell, key), score, system)
             points.append(point)
             ax.scatter(point[0], point[1], color=colours(number % 10), label=system, zorder=3)
         for point, offset in zip(points, _label_offsets(points)):
@@ -73,14 +103,14 @@ def plot_cover_em_vs_cost(summary: dict[str, Any], path: str | Path) -> Path:
         ax.margins(x=0.15, y=0.12)  # room for the names beside the points
         ax.set_title(summary["labels"].get(panel, panel))
         ax.set_xlabel(label, fontsize=8)
-        ax.set_ylabel("Cover-EM x 100", fontsize=8)
+        ax.set_ylabel(score_label, fontsize=8)
         ax.grid(alpha=0.3)
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
-    fig.suptitle(f"Cover-EM against cost{': ' + summary['suite'] if summary['suite'] else ''} (dashed: Pareto front)")
+    fig.suptitle(f"{title}{': ' + summary['suite'] if summary['suite'] else ''} (dashed: Pareto front)")
     legend_rows = math.ceil(len(labels) / 5) if handles else 0
     fig.tight_layout(rect=(0, 0.02 + 0.06 * legend_rows / rows, 1, 0.95))  # keep the legend clear of the axes
     path = Path(path)

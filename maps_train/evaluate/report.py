@@ -3,13 +3,15 @@
 Layout of `OUT_DIR`:
     results.jsonl           per-question results (the source of truth; everything below is derived)
     suite.yaml              the resolved suite (order and labels of systems and data sets)
-    report.md               Table 3.1 layout (rows systems, columns data sets + Avg, Cover-EM x 100), then EM,
+    report.md               Table 3.1 layout (rows systems, columns data sets + Avg, Cover-EM x 100), evidence
+                            recall (retrieved and seen, on the data sets with gold passages), then EM,
                             F1, answer length, cost per question, cost per role, stop rounds, prompts shrunk
                             to fit the context, calls that hit max_tokens (in the reasoning, at all)
     table_cover_em.csv      the Cover-EM table as in the paper
     summary.csv             one row per (system, data set or Avg): every metric and cost column
     summary.json            the same, nested
     cover_em_vs_cost.png    Cover-EM against cost per data set and on average, Pareto front marked
+    evidence_recall_vs_cost.png  the same for evidence recall (only when some data set has gold passages)
     stop_rounds.png         distribution of the round each question stopped at, per system
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 import yaml
 
 from maps_train.errors import MapsTrainError
+from maps_train.evaluate.evidence_recall import evidence_cells
 from maps_train.evaluate.results import read_results
 from maps_train.evaluate.summary import AVG, SCORE_KEYS, summarize
 from maps_train.records.answer import COST_KEYS, ROLE_KEYS
@@ -40,9 +43,12 @@ class ReportFiles:
     summary_json: Path
     cost_plot: Path
     rounds_plot: Path
+    evidence_plot: Path | None = None  # only when some data set's questions have gold passages
 
     def all(self) -> list[Path]:
-        return [self.markdown, self.cover_em_csv, self.summary_csv, self.summary_json, self.cost_plot, self.rounds_plot]
+        files = [self.markdown, self.cover_em_csv, self.summary_csv, self.summary_json, self.cost_plot,
+                 self.rounds_plot]
+        return files + ([self.evidence_plot] if self.evidence_plot else [])
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -141,6 +147,57 @@ def _caps_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _evidence_table(summary: dict[str, Any]) -> list[str]:
+    """Per system, evidence recall x 100 at what its searches retrieved and at what its answer step saw, per data
+    set with gold passages and on average (n: questions with gold)."""
+    evidence = summary.get("evidence", {})
+    datasets = [d for d in summary["datasets"] if any(d in cells for cells in evidence.values())]
+    columns = datasets + [AVG]
+    header = ["System", "Passages"] + [summary["labels"].get(d, d) for d in datasets] + [AVG]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * len(columns)]
+    for system in summary["systems"]:
+        cells = evidence.get(system)
+        if not cells:
+            continue
+        for key, what in (("evidence_recall", "retrieved"), ("evidence_recall_seen", "seen by the answer step")):
+            row = [system, what]
+            for column in columns:
+                cell = cells.get(column)
+                value = None if cell is None or cell[key] is None else 100 * cell[key]
+                row.append(_fmt(value) + (f" (n={cell['n']})" if cell is not None and column != AVG else ""))
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _evidence_section(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("evidence"):
+        return []
+    return [
+        "## Evidence recall x 100",
+        "",
+        (
+            "Share of each question's gold passages (supporting facts / paragraphs) found: among every hit of "
+            "every search (retrieved), and among the passages the answer's input was made from (seen: MAPS, what "
+            "its consolidators read; Search-o1, what its condenser read; S3, its generator's documents; the others, "
+            "their retrieved passages). Matched by corpus id, else by FlashRAG-normalised title and text."
+        ),
+        "",
+        *_evidence_table(summary),
+        "",
+    ]
+
+
+def _departure_lines(summary: dict[str, Any]) -> list[str]:
+    """Under the Cover-EM table: how each system that names a reference recipe departs from it."""
+    lines = []
+    for system, (reference, differences) in summary.get("departures", {}).items():
+        if differences:
+            lines.append(f"- {system} departs from {reference}: " + "; ".join(differences))
+        else:
+            lines.append(f"- {system} matches {reference} in every compared setting")
+    return lines
+
+
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     n = {d: max((summary["cells"][s].get(d, {}).get("n", 0) for s in summary["systems"]), default=0) for d in summary["datasets"]}
     sizes = ", ".join(f"{summary['labels'][d]} {n[d]}" for d in summary["datasets"])
@@ -157,7 +214,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         *_metric_table(summary, "cover_em", 100, 1),
         "",
         *[f"- {system}: {note}" for system, note in summary.get("notes", {}).items()],
-        *([""] if summary.get("notes") else []),
+        *_departure_lines(summary),
+        *([""] if summary.get("notes") or summary.get("departures") else []),
+        *_evidence_section(summary),
         "## EM x 100",
         "",
         *_metric_table(summary, "em", 100, 1),
@@ -248,7 +307,7 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
 
 def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
     """Rebuild every table and plot of `out_dir` from its results.jsonl (and suite.yaml for order and labels)."""
-    from maps_train.evaluate.plots import plot_cover_em_vs_cost, plot_stop_rounds
+    from maps_train.evaluate.plots import plot_cover_em_vs_cost, plot_evidence_recall_vs_cost, plot_stop_rounds
 
     out_dir = Path(out_dir)
     rows = read_results(out_dir / RESULTS)
@@ -274,6 +333,9 @@ def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
         suite=manifest.get("name", ""),
     )
     summary["notes"] = {s["name"]: s["note"] for s in manifest.get("systems", []) if s.get("note")}
+    summary["departures"] = {s["name"]: (s["departs_from"], s.get("departures") or [])
+                             for s in manifest.get("systems", []) if s.get("departs_from")}
+    summary["evidence"] = evidence_cells(rows, summary["systems"], summary["datasets"], AVG)
     files = ReportFiles(
         markdown=out_dir / "report.md",
         cover_em_csv=out_dir / "table_cover_em.csv",
@@ -281,10 +343,13 @@ def build_report(out_dir: str | Path) -> tuple[dict[str, Any], ReportFiles]:
         summary_json=out_dir / "summary.json",
         cost_plot=out_dir / "cover_em_vs_cost.png",
         rounds_plot=out_dir / "stop_rounds.png",
+        evidence_plot=out_dir / "evidence_recall_vs_cost.png" if summary["evidence"] else None,
     )
     write_markdown(summary, files.markdown)
     write_csvs(summary, files.cover_em_csv, files.summary_csv)
     files.summary_json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     plot_cover_em_vs_cost(summary, files.cost_plot)
     plot_stop_rounds(summary, files.rounds_plot)
+    if files.evidence_plot is not None:
+        plot_evidence_recall_vs_cost(summary, files.evidence_plot)
     return summary, files

@@ -2,7 +2,8 @@
 
 `results.jsonl` holds one line per (system, dataset, question_id), written through the keyed append-only store
 (`maps_train.records.store.KeyedJsonl`, `RESULT_KEY`): a rerun reads it first and scores only what is missing,
-so an interrupted suite resumes without duplicates.
+so an interrupted suite resumes without duplicates. A question with gold passages also carries its evidence recall
+(`gold_passages`, `evidence_recall`, `evidence_recall_seen`; see `evidence_recall.py`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def score_record(
     answer_mode: str,
     params_for_role: Callable[[str], int | None],
     normalizer: str = "flashrag",
+    evidence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One results.jsonl line: the answer, its metrics, its cost and estimated compute."""
+    """One results.jsonl line: the answer, its metrics, its cost and estimated compute, and (for a question with
+    gold passages) its evidence recall, `evidence` as `evidence_recall.evidence_fields` gives it."""
     text = answer.answer or ""
     metrics = score_answer(text, question.golden_answers, answer_mode, question.options, normalizer=normalizer)
     cost = answer.cost.to_dict()
@@ -56,4 +59,5 @@ def score_record(
         "parse_failures": answer.parse_failures,
         "cost": cost,
         "compute_flops": compute_flops(cost, params_for_role),
+        **(evidence or {}),
     }

@@ -31,6 +31,7 @@ from maps_train.config import check_plain_name, dump_yaml, load_config, redact_s
 from maps_train.errors import ConfigError, MapsTrainError, io_errors
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
+from maps_train.evaluate.evidence_recall import RECALL_KEYS, run_evidence
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
 from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
@@ -68,6 +69,10 @@ class SystemSpec:
     # running `maps-train serve` (backend.base_urls); `student_base`: every role on the student base, no adapters.
     routes: Literal["recipe", "distilled", "distilled_server", "student_base"] = "recipe"
     note: str | None = None  # printed under the report's Cover-EM table (e.g. "prompted protocol, not RL-trained")
+    # A reference recipe (the paper's): every answer-deciding setting where this system differs from it, run with
+    # this system's method, is listed in `departures` when the suite runs and printed under the Cover-EM table.
+    departs_from: str | None = None
+    departures: list[str] = field(default_factory=list)  # written by run_suite from departs_from, not by hand
 
 
 @dataclass
@@ -135,6 +140,17 @@ def apply_routes(recipe: Any, routes: str) -> Any:
         enable_thinking=recipe.sft_data.enable_thinking,
     )
     return replace(recipe, roles={"default": student})
+
+
+def system_departures(spec: SystemSpec, index: int, suite_path: Path) -> list[str]:
+    """Where the system's resolved recipe departs from `spec.departs_from` (see `evaluate.departures`)."""
+    from maps_train.evaluate.departures import departures
+    from maps_train.recipe import load_recipe
+
+    path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
+    mine = apply_routes(load_recipe(str(path), spec.overrides), spec.routes)
+    reference = resolve_recipe_path(spec.departs_from, suite_path, f"systems[{index}].departs_from")
+    return departures(mine, load_recipe(str(reference), [f"agent.method={mine.agent.method}"]))
 
 
 def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
@@ -215,6 +231,9 @@ def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: 
                         "retrievals", "passages", "latency_s", "compute_tflops"):
                 if cell.get(key) is not None:
                     metrics[f"{label}/{key}"] = cell[key]
+        for dataset, cell in summary.get("evidence", {}).get(spec.name, {}).items():
+            label = summary["labels"].get(dataset, dataset)
+            metrics.update({f"{label}/{key}": cell[key] for key in RECALL_KEYS if cell[key] is not None})
         tracker.log_summary(metrics)
         table = [
             [r["dataset"], r["question_id"], r["question"], " | ".join(r["golden_answers"]), r["answer"], r["cover_em"],
@@ -229,6 +248,8 @@ def _log_tracking(tracker: Tracker, suite: SuiteConfig, recipes: dict, summary: 
                             [[row[1], row[0], row[12] + row[13], row[5], row[16]] for row in table],
                             x="tokens", y="cover_em", title=f"{spec.name}: Cover-EM vs tokens per question")
         tracker.log_image("cover_em_vs_cost", files.cost_plot)
+        if files.evidence_plot is not None:
+            tracker.log_image("evidence_recall_vs_cost", files.evidence_plot)
         tracker.log_image("stop_rounds", files.rounds_plot)
         tracker.finish_run()
 
@@ -256,6 +277,8 @@ def run_suite(
 
     suite_path = Path(suite_path)
     suite = load_suite(suite_path, overrides)
+    for index, spec in enumerate(suite.systems):  # every system, so the manifest keeps them all
+        spec.departures = system_departures(spec, index, suite_path) if spec.departs_from else []
     if sample_size is not None:
         suite.datasets = [replace(d, sample=sample_size) for d in suite.datasets]
     system_specs = _select(suite.systems, systems, "system", suite_path)
@@ -360,8 +383,11 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
             record = AnswerRecord.from_dict(record, where)
             answers[record.question_id] = record
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
+        run_dir = out_dir / "runs" / system.name / spec.name
+        evidence = run_evidence(run_dir, pending, recipes[system.name].retrieval.corpus)
         rows = [
-            score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup, suite.normalizer)
+            score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup, suite.normalizer,
+                         evidence.get(q.id))
             for q in pending
             if q.id in answers
         ]

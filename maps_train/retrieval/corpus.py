@@ -33,7 +33,7 @@ import hashlib
 import json
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,3 +305,22 @@ def require_unique_ids(corpus: Corpus) -> None:
         second,
         f"passage id {passage_id!r} appears twice (first at line {first_line}); ids must be unique",
     )
+
+
+def passages_by_id(path: str | Path, wanted: Iterable[str]) -> dict[str, Passage]:
+    """The passages of the `wanted` ids, in one pass over the corpus that stops once all are found (traces keep
+    only ids; evidence recall and the analyses look the few they need up)."""
+    wanted = set(wanted)
+    found: dict[str, Passage] = {}
+    if not wanted:
+        return found
+    corpus = Corpus(path)
+    try:
+        for passage in corpus.iter_rows():
+            if passage.id in wanted:
+                found[passage.id] = passage
+                if len(found) == len(wanted):
+                    break
+    finally:
+        corpus.close()
+    return found

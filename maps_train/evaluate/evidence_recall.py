@@ -1,0 +1,123 @@
+"""Evidence recall of a suite's runs: per result row, and per (system, data set) cell of the report.
+
+Each result row of a question with gold passages (see `maps_train.records.evidence` for the layouts, the matching
+and what "seen" means per method) gets
+    gold_passages            how many gold passages the question has
+    evidence_recall          share of them among every hit of every search of its trace
+    evidence_recall_seen     share of them among the passages the answer step's input was made from
+Rows of questions without gold passages (GPQA, a quarter of NQ) carry none of these. A run whose trace is missing
+(a runner of another tool that writes no traces) scores None for both recalls.
+
+Traces keep passage ids only. When some gold passage carries no corpus id (FlashRAG's own HotpotQA/2Wiki/MuSiQue
+files), the retrieved passages' titles and texts are read from the system's corpus (`retrieval.corpus`), once per
+run and only for the ids its traces name; a corpus that is not on this machine (a remote retrieval service) leaves
+those questions matched by id alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from maps_train.questions import Question
+from maps_train.records.evidence import (
+    PassageText,
+    evidence_recall,
+    gold_evidence,
+    needs_passage_text,
+    retrieved_ids,
+    seen_ids,
+)
+from maps_train.records.shards import TRACES_FILE
+from maps_train.records.store import read_records
+from maps_train.records.trace import TraceFormatError, TraceRecord
+from maps_train.retrieval.corpus import passages_by_id
+
+RECALL_KEYS = ("evidence_recall", "evidence_recall_seen")
+
+
+def read_run_traces(run_dir: str | Path) -> dict[str, TraceRecord]:
+    """A run's traces by question id ({} when it wrote none; a torn last line skipped); a damaged line is a
+    one-line error naming file and line."""
+    path = Path(run_dir) / TRACES_FILE
+    traces = {}
+    for number, row in read_records(path) if path.is_file() else ():
+        try:
+            trace = TraceRecord.from_dict(row)
+        except TraceFormatError as err:
+            raise TraceFormatError(f"{path}:{number}: {err}") from None
+        traces.setdefault(trace.question_id, trace)
+    return traces
+
+
+def evidence_fields(
+    question: Question, trace: TraceRecord | None, passages: Mapping[str, PassageText] | None = None
+) -> dict[str, Any]:
+    """The evidence columns of one result row; {} when the question has no gold passages."""
+    gold = gold_evidence(question.metadata)
+    if not gold:
+        return {}
+    if trace is None:
+        return {"gold_passages": len(gold), **dict.fromkeys(RECALL_KEYS)}
+    return {
+        "gold_passages": len(gold),
+        "evidence_recall": evidence_recall(gold, retrieved_ids(trace), passages),
+        "evidence_recall_seen": evidence_recall(gold, seen_ids(trace), passages),
+    }
+
+
+def run_evidence(
+    run_dir: str | Path, questions: list[Question], corpus: str | Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """Evidence columns per question id of one finished run (its traces in `run_dir`)."""
+    traces = read_run_traces(run_dir)
+    wanted = set()
+    for question in questions:
+        trace = traces.get(question.id)
+        if trace is not None and needs_passage_text(gold_evidence(question.metadata)):
+            wanted.update(retrieved_ids(trace))
+            wanted.update(seen_ids(trace))
+    local_corpus = corpus is not None and Path(corpus).is_file()
+    passages = passages_by_id(corpus, wanted) if wanted and local_corpus else {}
+    return {q.id: evidence_fields(q, traces.get(q.id), passages) for q in questions}
+
+
+# -- the report's cells ----------------------------------------------------------------------------------------------
+
+
+def _cell(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    scored = [r for r in rows if r.get("gold_passages")]
+    if not scored:
+        return None
+    cell: dict[str, Any] = {"n": len(scored)}
+    for key in RECALL_KEYS:
+        values = [float(r[key]) for r in scored if r.get(key) is not None]
+        cell[key] = fmean(values) if values else None
+    return cell
+
+
+def evidence_cells(rows: list[dict[str, Any]], systems: list[str], datasets: list[str], avg: str) -> dict[str, Any]:
+    """system -> data set (and `avg`, the macro mean over the data sets with gold) -> {n, recalls}; only cells whose
+    questions have gold passages."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["system"], row["dataset"]), []).append(row)
+    cells: dict[str, Any] = {}
+    for system in systems:
+        per_dataset = {}
+        for dataset in datasets:
+            cell = _cell(grouped.get((system, dataset), []))
+            if cell is not None:
+                per_dataset[dataset] = cell
+        if per_dataset:
+            average: dict[str, Any] = {"n": sum(c["n"] for c in per_dataset.values()), "datasets": len(per_dataset)}
+            for key in RECALL_KEYS:
+                values = [c[key] for c in per_dataset.values() if c[key] is not None]
+                average[key] = fmean(values) if values else None
+            cells[system] = {**per_dataset, avg: average}
+    return cells
+
+
+__all__ = ["RECALL_KEYS", "evidence_cells", "evidence_fields", "read_run_traces", "run_evidence"]
