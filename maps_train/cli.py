@@ -39,6 +39,7 @@ COMMAND_MODULES = (
     "maps_train.analysis.cli",
     "maps_train.distill.cli",
     "maps_train.demo",
+    "maps_train.plan.cli",
 )
 
 

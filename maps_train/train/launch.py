@@ -5,6 +5,10 @@ the previous model, optimizer and CUDA/DeepSpeed state are gone for certain; a c
 finished ones on disk, and a rerun skips them (an adapter is finished when its train_summary.json exists).
 `train.one_launch: true` trades that isolation for time where launches dominate (small models on CPU: the demo):
 every adapter still to train goes through one launch (`--role all`), which skips the finished ones the same way.
+
+Rank count: `--num-processes` when given; else the accelerate config's `num_processes` when it sets one; else one
+rank per visible GPU. The GPU configs (recipes/accelerate/{ddp,zero2,zero3}.yaml) set none on purpose: accelerate
+places rank r on GPU r % device_count, so a fixed 8 would stack all eight ranks on GPU 0 of a one-GPU node.
 """
 
 from __future__ import annotations
@@ -18,11 +22,45 @@ from maps_train.errors import MapsTrainError
 from maps_train.platform import free_port
 
 
+def visible_gpu_count() -> int:
+    """GPUs this process may use (after CUDA_VISIBLE_DEVICES); 0 without CUDA. Read as accelerate reads it when it
+    picks a rank count itself."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def config_process_count(accelerate_config: str) -> int | None:
+    """The `num_processes` an accelerate config file sets, or None where it leaves the count to the launcher
+    (accelerate's loader marks an absent count as -1)."""
+    import yaml
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        count = load_config_from_file(accelerate_config).num_processes
+    except (ValueError, AttributeError, OSError, yaml.YAMLError) as err:  # what accelerate's loader raises on a bad file
+        reason = " ".join(str(err).split())  # YAML errors span lines; the error stays one
+        raise MapsTrainError(f"{accelerate_config}: not a usable accelerate config ({reason})") from None
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise MapsTrainError(f"{accelerate_config}: num_processes must be a whole number, got {count!r}")
+    return None if count < 0 else count
+
+
+def config_rank_count(accelerate_config: str, num_processes: int | None) -> int | None:
+    """The `--num_processes` to pass with a config file: `num_processes` when set; None where the file sets its
+    own count (it holds); else one rank per visible GPU (at least one)."""
+    if num_processes:
+        return num_processes
+    if config_process_count(accelerate_config) is not None:
+        return None
+    return max(visible_gpu_count(), 1)
+
+
 def accelerate_args(
     accelerate_config: str | None, num_processes: int | None, bf16: bool, port: int | None = None
 ) -> list[str]:
-    """Launcher flags: the config file when given (with `num_processes` overriding its count when set);
-    otherwise flags that work on GPU and on CPU alike.
+    """Launcher flags: the config file when given, with its rank count (`config_rank_count`); otherwise flags
+    that work on GPU and on CPU alike.
 
     Without a GPU, `--multi_gpu` is what starts several ranks (they then join a gloo group because the entry
     point asks accelerate for the CPU); a MULTI_CPU config would quietly start one process.
@@ -33,7 +71,8 @@ def accelerate_args(
     if accelerate_config:
         if not Path(accelerate_config).is_file():
             raise MapsTrainError(f"{accelerate_config}: no such accelerate config (see recipes/accelerate/)")
-        count = ["--num_processes", str(num_processes)] if num_processes else []
+        ranks = config_rank_count(accelerate_config, num_processes)
+        count = ["--num_processes", str(ranks)] if ranks else []
         return ["--config_file", accelerate_config, *count, *args]
     num_processes = num_processes or 1
     mixed = "bf16" if bf16 and not on_cpu() else "no"
@@ -82,7 +121,7 @@ def train_all(
         source_adapters(recipe, adapter)  # fail on an unknown role before any launch
     build_lora_config(recipe.train)  # and on a LoRA vLLM could not serve
     config = accelerate_config or recipe.train.accelerate_config
-    # With a config file its process count holds unless --num-processes says otherwise.
+    # With a config file its process count (or the visible GPU count) holds unless --num-processes says otherwise.
     processes = num_processes or (None if config else recipe.train.num_processes)
     folders = [adapter_output_dir(recipe, adapter) for adapter in adapters]
     todo = []

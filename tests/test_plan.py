@@ -1,0 +1,176 @@
+"""`maps-train plan`: the memory arithmetic against hand-computed values, the refusal of issue 35's 1.7B recipe,
+every shipped recipe and suite passing on the hardware it names, and a model read from its own config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from maps_train.errors import MapsTrainError
+from maps_train.plan import memory
+from maps_train.plan.shapes import model_shape, shipped
+from maps_train.plan.stages import make_plan
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_RECIPES = sorted(
+    str(path.relative_to(REPO)) for folder in ("teacher", "distill", "paper", "demo")
+    for path in (REPO / "recipes" / folder).glob("*.yaml")
+)
+SHIPPED_SUITES = sorted(str(path.relative_to(REPO)) for path in (REPO / "eval" / "suites").glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # recipes name their accelerate configs and data relative to the repository
+
+
+def test_qwen3_0_6b_sizes_by_hand():
+    shape = model_shape("Qwen/Qwen3-0.6B")
+    # 28 layers x (q 1024x2048 + k, v 1024x1024 each + o 2048x1024 + q/k norms 2x128 + MLP 3x1024x3072 + 2 norms
+    # of 1024) + the tied 151,936 x 1024 embedding + the final norm
+    per_layer = 1024 * 2048 + 2 * 1024 * 1024 + 2048 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
+    assert shape.parameters() == 28 * per_layer + 151_936 * 1024 + 1024 == 596_049_920
+    engine = memory.engine_memory(shape, tensor_parallel=1, max_model_len=4096, max_loras=0, max_lora_rank=16,
+                                  budget=80 * memory.GB)
+    assert engine.weights == 596_049_920 * 2  # bf16
+    assert memory.kv_bytes_per_token(shape, 1) == 2 * 28 * 8 * 128 * 2
+    assert shape.lora_parameters(64) == 64 * 28 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024)
+                                                   + 2 * (1024 + 3072) + (3072 + 1024))
+
+
+def test_activations_per_token_by_hand():
+    """Issue 35: about 4 MB a token for Qwen3-1.7B and about 2.3 MB for 0.6B without checkpointing (LoRA r64,
+    dropout 0.05); the formula's own count per layer, by hand: attention 2h+4q+4kv, MLP 2h+4i, LoRA 7r, in bf16,
+    plus the dropped-out inputs (5h+q+i) in bf16 and their one-byte masks."""
+    h, q, kv, i, r = 2048, 2048, 1024, 6144, 64
+    layer = 2 * ((2 * h + 4 * q + 4 * kv) + (2 * h + 4 * i) + 7 * r + (5 * h + q + i)) + (5 * h + q + i)
+    big = model_shape("Qwen/Qwen3-1.7B")
+    assert memory.activation_bytes_per_token(big, 64, 0.05, checkpointing=False) == 28 * layer == 4_096_512
+    small = memory.activation_bytes_per_token(model_shape("Qwen/Qwen3-0.6B"), 64, 0.05, checkpointing=False)
+    assert 2.3e6 <= small <= 2.6e6
+    # checkpointing keeps each layer's bf16 input and one layer recomputed
+    assert memory.activation_bytes_per_token(big, 64, 0.05, checkpointing=True) == 28 * 2 * h + layer
+
+
+DECODERS = sorted(doc["model"] for doc in shipped().values() if doc["config"]["model_type"].startswith("qwen"))
+
+
+@pytest.mark.parametrize("model", DECODERS)
+def test_shipped_sizes_match_the_published_parameter_counts(model):
+    """Counts computed from the shipped config values against the published ones, which are rounded: within 2%
+    (dense), 5% for the mixture of experts' total and 20% for its "A3B" (3B active, rounded from 3.45B)."""
+    shape, published = model_shape(model), shipped()[model.lower()]["published"]
+    tolerance = 0.05 if shape.num_experts else 0.02
+    assert shape.parameters() == pytest.approx(published["parameters"], rel=tolerance)
+    if "non_embedding_parameters" in published:
+        non_embedding = shape.parameters() - shape.embedding_parameters()
+        assert non_embedding == pytest.approx(published["non_embedding_parameters"], rel=tolerance)
+    if "active_parameters" in published:
+        assert shape.parameters(active=True) == pytest.approx(published["active_parameters"], rel=0.2)
+
+
+def test_refuses_qwen3_1_7b_at_batch_16_without_checkpointing_on_one_gpu():
+    """The 1.7B recipe as it was (batch 16 x 4096, no checkpointing) on one 80 GB GPU: refused in a few one-line
+    reasons, the training one saying by how much and what to change; the change it names then fits."""
+    as_it_was = ["train.sft.per_device_train_batch_size=16", "train.sft.gradient_accumulation_steps=2",
+                 "train.sft.gradient_checkpointing=false"]
+    result = CliRunner().invoke(_app(), ["plan", "recipes/distill/qwen3-1.7b.yaml", *as_it_was,
+                                         "--gpus", "1", "--gpu-memory-gb", "80"])
+    assert result.exit_code == 2
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("maps-train: plan refused:")]
+    assert 1 <= len(refusals) <= 6 and len(result.stderr.splitlines()) == len(refusals)
+    train = next(line for line in refusals if "train proposer" in line)
+    assert "Qwen/Qwen3-1.7B at batch 16 x 4096 tokens needs 314.9 GB a GPU, 234.9 GB over 80.0 GB" in train
+    assert train.endswith("set train.sft.gradient_checkpointing=true")
+    fixed = make_plan("recipes/distill/qwen3-1.7b.yaml", [*as_it_was, "train.sft.gradient_checkpointing=true"],
+                      gpus=1, gpu_memory_gb=80)
+    assert not [p for p in fixed.problems if "Qwen/Qwen3-1.7B at batch" in p]
+
+
+def test_the_refusal_lowers_the_batch_when_checkpointing_is_not_enough():
+    plan = make_plan("recipes/distill/qwen3-1.7b.yaml", ["train.sft.per_device_train_batch_size=32"],
+                     gpus=8, gpu_memory_gb=40)
+    (train,) = [p for p in plan.problems if p.startswith("train")]
+    advice = train.split("; set ")[1].removesuffix(" (the same effective batch)").split()
+    assert "train.sft.gradient_accumulation_steps" in " ".join(advice)
+    batch = int(advice[0].split("=")[1])
+    assert batch < 32 and int(advice[1].split("=")[1]) * batch == 32 * 4  # the effective batch is kept
+    assert not [p for p in make_plan("recipes/distill/qwen3-1.7b.yaml", advice, gpus=8, gpu_memory_gb=40).problems
+                if p.startswith("train")]
+
+
+@pytest.mark.parametrize("path", SHIPPED_RECIPES + SHIPPED_SUITES)
+def test_every_shipped_recipe_and_suite_fits_the_hardware_it_names(path):
+    plan = make_plan(path, [])
+    assert plan.problems == []
+    assert plan.rows
+
+
+def test_the_index_is_searched_in_host_memory_unless_faiss_is_a_gpu_build():
+    """The GPU set ships faiss-cpu (no FAISS GPU wheel for vLLM's CUDA), so `to_gpus` leaves the flat index in host
+    memory; with `hardware.faiss_gpu` it is fp16 split over all 8 GPUs (21,015,324 x 768 x 2 bytes / 8 + scratch)."""
+    def gpu_sums(plan):
+        return {row.where: row.per_device for row in plan.rows if row.process == "all of the above, summed"}
+
+    host = make_plan("recipes/teacher/qwen3-32b.yaml", [])
+    assert not any("split over every GPU" in row.process for row in host.rows)
+    assert any(row.process.startswith("FAISS index (host") and row.where == "host" for row in host.rows)
+    assert gpu_sums(host)["GPU 4-7"] == 0
+    gpus = make_plan("recipes/teacher/qwen3-32b.yaml", ["hardware.faiss_gpu=true"])
+    shard = 21_015_324 * 768 * 2 / 8 + memory.FAISS_TEMP_BYTES
+    assert gpu_sums(gpus)["GPU 4-7"] == pytest.approx(shard)
+    assert gpu_sums(gpus)["GPU 1-3"] == pytest.approx(gpu_sums(host)["GPU 1-3"] + shard)
+
+
+def test_the_recipe_hardware_is_the_default_and_the_command_line_wins():
+    recipe_hw = make_plan("recipes/distill/qwen3-4b.yaml", []).hardware
+    assert (recipe_hw.gpus, recipe_hw.gpu_memory_gb) == (8, 80)
+    assert make_plan("recipes/distill/qwen3-4b.yaml", [], gpus=2).hardware.gpus == 2
+
+
+def test_a_suite_whose_engines_crowd_gpu_0_is_refused(tmp_path):
+    """The suite's pool keeps every engine until it ends: the distill suite without its utilization overrides
+    puts three engines at 0.85 on GPU 0."""
+    suite = (REPO / "eval" / "suites" / "distill.yaml").read_text(encoding="utf-8")
+    crowded = suite.replace(", backend.gpu_memory_utilization=0.25", "").replace(
+        ", backend.gpu_memory_utilization=0.4", "").replace("recipe: recipes/", f"recipe: {REPO}/recipes/")
+    path = tmp_path / "crowded.yaml"
+    path.write_text(crowded, encoding="utf-8")
+    problems = make_plan(str(path), []).problems
+    assert len(problems) == 1 and problems[0].startswith("eval: GPU 0 holds") and "over 80 GB" in problems[0]
+
+
+def test_reads_a_local_config_json(tiny_qwen3):
+    """A local folder is sized from its own config.json: the count equals the tensors saved in its safetensors."""
+    shape = model_shape(tiny_qwen3)
+    config = json.loads((Path(tiny_qwen3) / "config.json").read_text(encoding="utf-8"))
+    assert (shape.hidden_size, shape.num_hidden_layers, shape.head_dim) == (64, 2, 16)
+    assert shape.vocab_size == config["vocab_size"] and shape.source.endswith("config.json")
+    saved = 0
+    with safe_open(str(Path(tiny_qwen3) / "model.safetensors"), framework="numpy") as weights:
+        for name in weights.keys():
+            count = 1
+            for size in weights.get_slice(name).get_shape():
+                count *= size
+            saved += count
+    assert shape.parameters() == saved
+    assert model_shape("builtin:tiny-qwen3").parameters() == saved
+
+
+def test_a_model_with_no_sizes_at_hand_is_one_line(tmp_path):
+    with pytest.raises(MapsTrainError) as err:
+        model_shape("someone/unknown-model")
+    assert "\n" not in str(err.value) and "Qwen/Qwen3-32B" in str(err.value)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}), encoding="utf-8")
+    with pytest.raises(MapsTrainError, match="config.json has no integer num_hidden_layers"):
+        model_shape(str(tmp_path))
+
+
+def _app():
+    from maps_train.cli import app
+
+    return app
