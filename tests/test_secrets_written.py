@@ -44,6 +44,9 @@ def fresh_wandb():
     import wandb
 
     saved = dict(os.environ)
+    # The service a WANDB_SERVICE names is torn down below: restored, it would send every later subprocess (a
+    # training launch, a traces command) looking for a socket that is gone.
+    saved.pop("WANDB_SERVICE", None)
     for name in [name for name in os.environ if name.startswith("WANDB_")]:
         del os.environ[name]
     os.environ["WANDB_MODE"] = "offline"
