@@ -132,16 +132,23 @@ def test_the_recipe_hardware_is_the_default_and_the_command_line_wins():
     assert make_plan("recipes/distill/qwen3-4b.yaml", [], gpus=2).hardware.gpus == 2
 
 
-def test_a_suite_whose_engines_crowd_gpu_0_is_refused(tmp_path):
-    """The suite's pool keeps every engine until it ends: the distill suite without its utilization overrides
-    puts three engines at 0.85 on GPU 0."""
-    suite = (REPO / "eval" / "suites" / "distill.yaml").read_text(encoding="utf-8")
-    crowded = suite.replace(", backend.gpu_memory_utilization=0.25", "").replace(
-        ", backend.gpu_memory_utilization=0.4", "").replace("recipe: recipes/", f"recipe: {REPO}/recipes/")
+def test_a_suite_is_planned_system_by_system_as_its_engine_pool_runs_it(tmp_path):
+    """The suite's engine pool closes a finished system's engines before one that would not fit beside them starts
+    (maps_train/llm/pool.py), so the distill suite's teacher (GPUs 0-3 at 0.85) and students (GPU 0 at 0.85) pass
+    one system at a time; a system whose OWN engines crowd GPU 0 (its answer role on a second model) is refused."""
+    assert make_plan("eval/suites/distill.yaml", []).problems == []
+    suite = (REPO / "eval" / "suites" / "distill.yaml").read_text(encoding="utf-8").replace(
+        "recipe: recipes/", f"recipe: {REPO}/recipes/")
+    crowded = suite.replace("overrides: [agent.method=vanilla]",
+                            "overrides: [agent.method=vanilla, roles.answer.model=Qwen/Qwen3-8B]", 1)
+    assert crowded != suite
     path = tmp_path / "crowded.yaml"
     path.write_text(crowded, encoding="utf-8")
     problems = make_plan(str(path), []).problems
-    assert len(problems) == 1 and problems[0].startswith("eval: GPU 0 holds") and "over 80 GB" in problems[0]
+    # its second model runs at the teacher's tensor parallelism too: GPUs 0-3 hold both engines at 0.85
+    assert [problem.split(" (")[0] for problem in problems] == [
+        "eval teacher_vanilla_rag: GPU 0 holds 136.8 GB", "eval teacher_vanilla_rag: GPU 1-3 hold 136.0 GB each"]
+    assert all("over 80 GB" in problem and "index split" not in problem for problem in problems)
 
 
 def test_reads_a_local_config_json(tiny_qwen3):

@@ -146,6 +146,9 @@ class CoalescingRetriever:
     def close(self) -> None:
         for coalescer in self._by_k.values():
             coalescer.close()
+        # each coalescer's function refers back to self: without this, that cycle keeps `inner` (a whole index)
+        # alive after the run until the cyclic garbage collector happens to run
+        self._by_k.clear()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

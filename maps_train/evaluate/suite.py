@@ -265,6 +265,7 @@ def run_suite(
     sample_size: int | None = None,
     progress: bool = True,
     shard: Shard | None = None,
+    engines: Any = None,
 ) -> SuiteOutcome:
     """Run (or resume) a suite and rebuild its report; returns the summary and the report files.
 
@@ -273,6 +274,8 @@ def run_suite(
     sample, so its results count towards the full run). `shard`: only its questions of every sample, the whole
     suite written under `<out_dir>/shards/I-of-N/` (`maps-train merge-shards OUT_DIR`, then `maps-train report
     OUT_DIR`).
+    `engines`: an `EnginePool` a given `runner` leases each run's engines from (it is called with `backend=` the
+    leased router; the caller closes the pool); without a runner the real agent uses a pool of its own.
     """
 
     suite_path = Path(suite_path)
@@ -296,19 +299,30 @@ def run_suite(
 
     pool = None
     if runner is None:
-        # The real agent: systems on the same base model share one engine (see maps_train.llm.pool).
+        # The real agent: systems on the same base model share one engine, and a finished system's engine is
+        # closed before one that would not fit beside it starts (see maps_train.llm.pool).
         from maps_train.llm.pool import EnginePool
 
         pool, run_method = EnginePool(), default_runner()
 
+        # ... and runs with the same retrieval config share one retriever: the index is loaded once per suite.
+        from maps_train.retrieval.factory import RetrieverPool
+
+        retrievers = RetrieverPool()
+
         def runner(recipe, pending, run_dir, progress=True):
-            return run_method(recipe, pending, run_dir, backend=pool.router(recipe), progress=progress)
+            with pool.lease(recipe) as router:  # held for the whole run: its engines stay open until it ends
+                return run_method(recipe, pending, run_dir, backend=router,
+                                  retriever=retrievers.get(recipe.retrieval), progress=progress)
+    elif engines is not None:
+        runner = leasing_runner(runner, engines)
 
     try:
         scored, unanswered = _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress)
     finally:
         if pool is not None:
             pool.close()
+            retrievers.close()
 
     summary, files = build_report(out_dir)
     if scored:
@@ -341,6 +355,16 @@ def write_samples(path: Path, questions: dict[str, list[Question]]) -> None:
         record = chosen[0].metadata["sample"] if chosen else {"seed": None, "n": 0, "population": 0}
         samples[name] = {**record, "question_ids": [q.id for q in chosen]}
     write_text_atomic(path, json.dumps(samples, indent=1) + "\n")
+
+
+def leasing_runner(run_method: RunMethod, engines: Any) -> RunMethod:
+    """`run_method` with each run's engines leased from the pool for the whole run (see maps_train.llm.pool)."""
+
+    def runner(recipe, pending, run_dir, progress=True):
+        with engines.lease(recipe) as router:
+            return run_method(recipe, pending, run_dir, backend=router, progress=progress)
+
+    return runner
 
 
 def engines_of(recipe: Any) -> tuple:

@@ -2,8 +2,9 @@
 
 A recipe runs: the index (built once, then searched in process by every agent run), the teacher's traces (its
 routes' engines), training (one `accelerate launch` per adapter, one rank per GPU) and serving (`vllm serve` of
-the student with its adapters). A suite runs the index and every system's engines; the suite's engine pool keeps
-each engine until the suite ends (maps_train/llm/pool.py), so they are all counted at once.
+the student with its adapters). A suite runs the index and each system's engines; the suite's engine pool closes a
+finished system's engines before one that would not fit beside them starts (maps_train/llm/pool.py), so each
+system's engines are counted on their own.
 
 Placement follows the code as it is: a vLLM engine of tensor parallel size tp takes GPUs 0..tp-1 and
 gpu_memory_utilization of each; an in-process dense index is cloned to every GPU in fp16, split over them, where
@@ -23,6 +24,8 @@ from maps_train.plan import memory
 from maps_train.plan.memory import GB
 from maps_train.plan.shapes import ModelShape, model_shape
 from maps_train.recipe import HardwareConfig, Recipe, adapter_names
+from maps_train.retrieval.factory import retriever_key
+from maps_train.retrieval.faiss_index import LOAD_CHUNK_ROWS
 
 CORPORA = Path(__file__).with_name("corpora.json")
 CPU_ENGINE_RUNTIME_BYTES = 1 * GB  # a vLLM-CPU engine's own use besides weights and its KV cache space
@@ -82,7 +85,9 @@ def corpus_passages(cfg) -> tuple[int, str]:
 class IndexLoad:
     gpu_each: float  # per GPU (the fp16 shard and FAISS's temporary memory)
     encoder: float  # on GPU 0 (or the host)
-    host: float  # fp32 flat index (or the compressed index) in host memory while it loads
+    host: float  # in host memory while searching: the fp16 flat index (one fp32 chunk with FAISS on GPUs), or
+    # the hnsw/compressed index
+    build_host: float  # in host memory while `index build` writes it (a flat index is written in fp32)
     note: str
 
 
@@ -101,14 +106,15 @@ def index_load(cfg, hardware: HardwareConfig) -> IndexLoad | None:
     elif cfg.index_type == "hnsw":
         host = memory.flat_index_bytes(passages, dim, memory.FP32) + passages * cfg.hnsw_m * 2 * 4
         gpu = 0.0  # FAISS has no GPU HNSW: it stays in host memory
-    else:
-        host = memory.flat_index_bytes(passages, dim, memory.FP32)
+    else:  # searched from the fp16 embeddings (retrieval/dense.py): in host memory, or split over the GPUs
         gpu = memory.flat_index_bytes(passages, dim, memory.BF16)
-    if not hardware.faiss_gpu:  # faiss-cpu (the GPU set's): `to_gpus` leaves the index in host memory
+        host = LOAD_CHUNK_ROWS * dim * memory.FP32 if hardware.faiss_gpu and hardware.gpus else gpu
+    if not hardware.faiss_gpu:  # faiss-cpu (the GPU set's): the index stays in host memory
         gpu = 0.0
+    build_host = memory.flat_index_bytes(passages, dim, memory.FP32) if cfg.index_type == "flat" else host
     gpu_each = gpu / hardware.gpus + memory.FAISS_TEMP_BYTES if hardware.gpus and gpu else 0.0
     note = f"{passages:,} passages x {dim} ({counted}), {cfg.index_type}"
-    return IndexLoad(gpu_each, encoder_bytes, host, note)
+    return IndexLoad(gpu_each, encoder_bytes, host, build_host, note)
 
 
 def index_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
@@ -124,7 +130,7 @@ def index_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     rows = [Row("index build", f"encoder {cfg.encoder}", where, load.encoder,
                 hardware.gpu_memory_gb * GB if hardware.gpus else hardware.memory_gb * GB,
                 f"embeddings memmap (fp16) on disk: {_gb(memmap)}")]
-    rows.append(_host_row("index build", "FAISS index (fp32, host)", load.host, hardware, load.note,
+    rows.append(_host_row("index build", "FAISS index (fp32, host)", load.build_host, hardware, load.note,
                           "retrieval.index_type=ivfpq (compressed) or a machine with more memory"))
     if hardware.gpus and load.gpu_each:
         rows.append(Row("index search", "FAISS index (fp16, split over every GPU)", _gpus(0, hardware.gpus),
@@ -204,7 +210,8 @@ def _cpu_engine_row(stage: str, engine: EngineSpec, shape: ModelShape, hardware:
 
 
 def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, index_copies: int = 1) -> list[Row]:
-    """Everything resident while agents run: every engine, the index (once per run in flight), per GPU summed."""
+    """Everything resident while agents run: every engine, the index (once per distinct retrieval config), per GPU
+    summed."""
     rows: list[Row] = []
     per_gpu: dict[int, float] = {}
     seen: set[str] = set()
@@ -239,8 +246,9 @@ def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, ind
         problem = None
         if used > capacity:
             holds = f"holds {_gb(used)}" if count == 1 else f"hold {_gb(used)} each"
+            index = f"the index split over {hardware.gpus} GPUs, " if load is not None and load.gpu_each else ""
             problem = (f"{stage}: {_gpus(first, count)} {holds} (engines at their "
-                       f"gpu_memory_utilization, the index split over {hardware.gpus} GPUs, the encoder on GPU 0), "
+                       f"gpu_memory_utilization, {index}the encoder on GPU 0), "
                        f"{_gb(used - capacity)} over {hardware.gpu_memory_gb:g} GB; lower "
                        f"backend.gpu_memory_utilization or search through `maps-train retrieve serve` elsewhere "
                        f"(retrieval.service_url)")
@@ -384,7 +392,20 @@ def plan_suite(path: Path, overrides: list[str], gpus=None, gpu_memory_gb=None, 
     hardware = with_hardware(largest_hardware(recipes), gpus, gpu_memory_gb, memory_gb)
     plan = Plan(suite.name, hardware)
     plan.rows += index_rows(recipes[0], hardware)
-    plan.rows += agent_stage("eval", recipes, hardware, index_copies=min(suite.parallel_runs, len(recipes)))
+    # one retriever per distinct retrieval config, shared by every run of the suite (retrieval.factory.RetrieverPool)
+    copies = len({retriever_key(recipe.retrieval) for recipe in recipes})
+    # The suite's engine pool (maps_train/llm/pool.py) closes a finished system's engines before one that would
+    # not fit beside them starts, and a run waits while running systems hold the GPUs it needs: so each system's
+    # own engines must fit (with the index), not all of the suite's at once. Systems on the same engines: one row.
+    groups: dict[str, list[str]] = {}
+    first: dict[str, Recipe] = {}
+    for spec, recipe in zip(suite.systems, recipes):
+        key = json.dumps([[e.model, e.adapters, repr(e.backend)] for e in engines_of_recipe(recipe)])
+        groups.setdefault(key, []).append(spec.name)
+        first.setdefault(key, recipe)
+    for key, names in groups.items():
+        stage = f"eval {names[0]}" + (f" (+{len(names) - 1} with engines of the same size)" if len(names) > 1 else "")
+        plan.rows += agent_stage(stage, [first[key]], hardware, index_copies=copies)
     return plan
 
 

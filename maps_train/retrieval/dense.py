@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +13,8 @@ from maps_train.retrieval.base import Hit
 from maps_train.retrieval.corpus import Corpus
 from maps_train.retrieval.encoders import Encoder
 from maps_train.retrieval.manifest import check_manifest, read_manifest
+
+logger = logging.getLogger(__name__)
 
 
 class DenseRetriever:
@@ -32,8 +36,9 @@ class DenseRetriever:
     ):
         """`corpus` / `encoder` (a name or a loaded Encoder): what the caller expects; a mismatch is an error.
 
-        The corpus defaults to the manifest's path. `mmap=True` maps a flat index from disk instead of reading it
-        into memory (a 21M x 768 flat index is 64 GB).
+        The corpus defaults to the manifest's path. A flat index is searched from the build's fp16 embeddings
+        (half the fp32 index's memory); `mmap=True` maps the FAISS file from disk instead of reading it, for an
+        index that has no fp16 embeddings beside it.
         """
         import faiss
 
@@ -57,12 +62,34 @@ class DenseRetriever:
                 query_prefix=recorded["query_prefix"],
                 passage_prefix=recorded["passage_prefix"],
             )
-        flags = faiss.IO_FLAG_MMAP if mmap else 0
-        index = faiss.read_index(str(self.index_dir / self.manifest["index"]["file"]), flags)
-        set_search_params(index, nprobe=nprobe, ef_search=ef_search)
-        self.index = to_gpus(index) if (gpu_count() > 0 if use_gpu is None else use_gpu) else index
-        # FAISS GPU indexes and the torch encoder are not safe to call from several threads at once
+        on_gpu = gpu_count() > 0 if use_gpu is None else use_gpu
+        if on_gpu and not gpu_count():
+            logger.warning("retrieval on GPU asked for, but this FAISS sees no GPU: searching on CPU")
+            on_gpu = False
+        embeddings = self._fp16_embeddings()
+        if self.manifest["index"]["type"] == "flat" and embeddings is not None:
+            self.index, self.location = _flat_fp16(embeddings, on_gpu)
+            self.storage = "flat fp16"
+        else:  # hnsw/ivfpq, or a flat index whose fp16 embeddings were not kept: the FAISS file as written
+            flags = faiss.IO_FLAG_MMAP if mmap else 0
+            cpu_index = faiss.read_index(str(self.index_dir / self.manifest["index"]["file"]), flags)
+            set_search_params(cpu_index, nprobe=nprobe, ef_search=ef_search)
+            self.index = to_gpus(cpu_index) if on_gpu else cpu_index
+            self.location = f"GPU x {gpu_count()}" if self.index is not cpu_index else "CPU"
+            self.storage = {"flat": "flat fp32", "hnsw": "hnsw fp32", "ivfpq": "ivfpq"}[self.manifest["index"]["type"]]
+        logger.info("index: %d passages, %s, on %s (%s)", self.index.ntotal, self.storage, self.location,
+                    self.index_dir)
+        # FAISS GPU indexes and the torch encoder are not safe to call from several threads at once: one lock
+        # makes a retriever shareable by every run of a suite
         self._lock = threading.Lock()
+
+    def _fp16_embeddings(self) -> np.ndarray | None:
+        """The build's fp16 embedding matrix, memory-mapped read-only; None if it was not kept or is fp32."""
+        record = self.manifest.get("embeddings") or {}
+        path = self.index_dir / record["file"] if record.get("file") else None
+        if path is None or record.get("dtype") != "float16" or not path.is_file():
+            return None
+        return np.load(path, mmap_mode="r")
 
     def __len__(self) -> int:
         return len(self.corpus)
@@ -87,3 +114,17 @@ class DenseRetriever:
             passage = self.corpus[row]
             hits.append(Hit(passage.id, passage.title, passage.text, float(score)))
         return hits
+
+
+def _flat_fp16(embeddings: np.ndarray, on_gpu: bool) -> tuple[Any, str]:
+    """The flat index over the fp16 embeddings and where it lives: split over every GPU, else in host memory.
+    A GPU copy that fails is named in a WARNING, with the reason, before the CPU index is built."""
+    from maps_train.retrieval.faiss_index import LOAD_CHUNK_ROWS, flat_fp16_index, flat_fp16_to_gpus, gpu_count
+
+    if on_gpu:
+        try:
+            return flat_fp16_to_gpus(embeddings, LOAD_CHUNK_ROWS), f"GPU x {gpu_count()}"
+        except Exception as err:  # out of GPU memory, or a FAISS build without GpuIndexFlat
+            logger.warning("could not place the flat fp16 index (%d vectors) on %d GPUs (%s: %s); searching it "
+                           "on CPU instead", len(embeddings), gpu_count(), type(err).__name__, err)
+    return flat_fp16_index(embeddings, LOAD_CHUNK_ROWS), "CPU"

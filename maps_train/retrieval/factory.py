@@ -4,14 +4,20 @@
 - otherwise an in-process `DenseRetriever` or `BM25Retriever` over `cfg.index_dir`, or over the default directory
   derived from corpus + encoder (`default_index_dir`); a missing index is built first (logged), under a file
   lock so concurrent processes build it once.
+
+`RetrieverPool`: one retriever per distinct retrieval config, shared by every run of a suite (a 21M-passage index
+is loaded once, not once per system x data set).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import threading
 from pathlib import Path
 
+from maps_train.config import to_dict
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import RetrievalConfig
 from maps_train.retrieval.base import Retriever
@@ -99,3 +105,38 @@ def build_retriever(cfg: RetrievalConfig) -> Retriever:
         nprobe=cfg.nprobe,
         ef_search=cfg.hnsw_ef_search,
     )
+
+
+def retriever_key(cfg: RetrievalConfig) -> str:
+    """What makes two retrieval configs load different retrievers. top_k is not part of what is loaded (each
+    search passes its k): systems differing only there share one."""
+    return json.dumps({**to_dict(cfg), "top_k": None}, sort_keys=True)
+
+
+class RetrieverPool:
+    """`get(cfg)`: the retriever of `cfg`, built on first use and shared afterwards (a retriever's `search` is
+    safe from several threads: the dense and BM25 retrievers search under a lock, the HTTP client pools httpx).
+    Callers on several threads asking for one config wait for one build."""
+
+    def __init__(self) -> None:
+        self._retrievers: dict[str, Retriever] = {}
+        self._lock = threading.Lock()
+
+    def get(self, cfg: RetrievalConfig) -> Retriever:
+        key = retriever_key(cfg)
+        with self._lock:  # held through the build: a second build of one config would load the index twice
+            if key not in self._retrievers:
+                self._retrievers[key] = build_retriever(cfg)
+            return self._retrievers[key]
+
+    def __len__(self) -> int:
+        return len(self._retrievers)
+
+    def close(self) -> None:
+        """Drop every retriever (and with it its index) now, not whenever the pool itself is collected."""
+        with self._lock:
+            for retriever in self._retrievers.values():
+                close = getattr(retriever, "close", None)
+                if close is not None:  # the HTTP client's connection pool
+                    close()
+            self._retrievers.clear()
