@@ -95,8 +95,9 @@ class BackendConfig:
     api_key: str = ""
     concurrency: int = 32
     request_timeout_s: float = 120.0
+    # openai backend: the SDK's own retries (timeouts, connection errors, 408/409/429, 5xx), with its own backoff
+    # (0.5 s doubling to 8 s, jittered; a server's Retry-After honoured)
     max_retries: int = 4
-    retry_backoff_s: float = 0.5  # openai backend: waits 0.5, 1, 2, ... s between retries
     # openai backend: how long the first request to each server waits for its /health to answer (0: not at all), so
     # a run may start while its server is still starting (the demo starts both beside the index build)
     server_wait_s: float = 0.0

@@ -18,7 +18,7 @@ from maps_train.recipe import BackendConfig, Recipe, RoleRoute
 def test_unreachable_server_fails_after_bounded_retries():
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     recipe = Recipe(
-        backend=BackendConfig(base_urls=[url], max_retries=2, retry_backoff_s=0.05, request_timeout_s=2),
+        backend=BackendConfig(base_urls=[url], max_retries=2, request_timeout_s=2),
         roles={"default": RoleRoute(backend="openai", adapter="writer")},
     )
     router = build_router(recipe)

@@ -2,7 +2,8 @@
 in linear time (a per-test timeout turns a hang into a failure), and keeps the contract:
 - `value` is usable: the role's keys and types, strings within their bounds, no lone surrogates, encodable as
   UTF-8 JSON (errors and notes too);
-- `ok` implies the value is valid against the role's schema (the one sent for constrained decoding), every string
+- `ok` implies the value is valid against the role's schema (the one sent for constrained decoding; checked by
+  ours and by jsonschema, which also judge every generated object alike), every string
   with a letter or digit; a consolidation that is not ok never says sufficient;
 - a valid object, however it is wrapped (fence, prose, thinking), parses ok to itself (round trip).
 The new linear-time helpers are also checked against the regexes they replace, on inputs small enough for those.
@@ -126,6 +127,12 @@ def ok_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+# jsonschema's verdicts beside ours (jsonparse.schema_error says why ours is the one the parsers use): every
+# generated object and every ok value is checked by both
+ROLE_VALIDATORS = {role: jsonschema.Draft202012Validator(spec.schema) for role, spec in ROLES.items()}
+OK_VALIDATORS = {role: jsonschema.Draft202012Validator(ok_schema(spec.schema)) for role, spec in ROLES.items()}
+
+
 def encodable(*values: Any) -> bool:
     try:
         json.dumps(values, ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -146,6 +153,8 @@ def role_violations(role: str, parsed: Parsed) -> list[str]:
         problem = schema_error(parsed.value, ok_schema(schema)) or content_error(parsed.value)
         if problem:
             problems.append(f"ok but {problem}")
+        if not OK_VALIDATORS[role].is_valid(parsed.value):
+            problems.append("ok but jsonschema finds it invalid")
         if parsed.error is not None:
             problems.append("ok with an error")
     elif not parsed.error:
@@ -392,7 +401,9 @@ def test_role_objects_with_wrong_types_extra_keys_and_long_strings(role, data):
     assert not role_violations(role, parsed), (role_violations(role, parsed), text[:300])
     assert encodable(parsed.value, parsed.error, parsed.notes)
     held = json_text is not None and json_text in strip_thinking(text)
-    expected_ok = held and schema_error(obj, ROLES[role].schema) is None and says_something(obj)
+    valid = schema_error(obj, ROLES[role].schema) is None
+    assert valid == ROLE_VALIDATORS[role].is_valid(obj), obj
+    expected_ok = held and valid and says_something(obj)
     event(f"expected ok: {expected_ok}")
     assert parsed.ok == expected_ok, (parsed, text[:300])
 
@@ -451,7 +462,7 @@ def normalised(value: Any) -> Any:
 @given(data=st.data())
 def test_valid_objects_round_trip_ok(role, data):
     obj = data.draw(VALID_OBJECTS[role], label="object")
-    assert schema_error(obj, ROLES[role].schema) is None
+    assert schema_error(obj, ROLES[role].schema) is None and ROLE_VALIDATORS[role].is_valid(obj)
     style = data.draw(st.sampled_from(["ascii", "unicode", "fenced", "prose", "thinking"]), label="style")
     parsed = ROLES[role].parse(render(obj, style, None)[0])
     assert parsed.ok, parsed.error
@@ -474,8 +485,7 @@ def test_python_style_dicts_are_used_but_never_ok(role, data):
 def test_schema_check_agrees_with_jsonschema(data):
     role = data.draw(st.sampled_from(sorted(ROLES)), label="role")
     obj = data.draw(role_object(role), label="object")
-    schema = ROLES[role].schema
-    assert (schema_error(obj, schema) is None) == jsonschema.Draft202012Validator(schema).is_valid(obj)
+    assert (schema_error(obj, ROLES[role].schema) is None) == ROLE_VALIDATORS[role].is_valid(obj)
 
 
 # -- baselines: round trips --------------------------------------------------------------------------------------

@@ -372,7 +372,12 @@ def schema_error(value: Any, schema: dict[str, Any], where: str = "$") -> str | 
     """Why `value` is not valid against `schema` (None when it is), for the subset of JSON Schema the role
     schemas use: type (object, array, string, boolean), properties, required, additionalProperties: false, items,
     minItems/maxItems, minLength/maxLength, enum. A keyword outside it raises `UnsupportedSchemaError`, so a
-    schema change cannot silently weaken the check (tests validate every role schema)."""
+    schema change cannot silently weaken the check (tests validate every role schema).
+
+    Kept rather than jsonschema's Draft202012Validator (the property tests compare the two on every generated
+    object): jsonschema ignores a keyword it does not know (a mistyped `maxlength` checks nothing) and builds
+    every error from `repr(instance)` even in `is_valid`, which raises RecursionError on a 100,000-deep list and
+    took 74 us against our 1.4 us on a role object with a 60 KB string, 21 us against 3.7 us on a valid one."""
     unknown = set(schema) - _SCHEMA_KEYWORDS
     if unknown:
         raise UnsupportedSchemaError(f"schema keyword(s) {sorted(unknown)} at {where} are not supported")

@@ -8,8 +8,9 @@ base model (found once from `/v1/models`). Each request sends its own `temperatu
 `structured_outputs={"json": schema}`, and for `truncate_prompt: left` the server's `truncate_prompt_tokens`
 (keeps the newest tokens). With `shrink` (the default) and `error`, a prompt is counted here with the route
 model's tokenizer and shrunk to fit before it is sent (`fit_request`); a model with no tokenizer here is sent as
-built (the server refuses a prompt over its context). Timeouts, connection errors, 429 and 5xx are retried with
-exponential backoff (`max_retries`, `retry_backoff_s`); then, as on any other refusal, one MapsTrainError line.
+built (the server refuses a prompt over its context). Timeouts, connection errors, 408/409/429 and 5xx are retried
+by the openai SDK itself (`backend.max_retries`; its backoff: 0.5 s doubling to 8 s with jitter, a server's
+`Retry-After` honoured); then, as on any other refusal, one MapsTrainError line.
 
 The API key comes from `backend.api_key`, or when that is empty from `$OPENAI_API_KEY`, so that recipes (which are
 logged and shared) need not hold it.
@@ -63,6 +64,18 @@ def _one_line(err: BaseException) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+def _transient(status: int) -> bool:
+    """A status the SDK retries (`_should_retry`: timeout, conflict, rate limit, server error)."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def _failed(url: str, what: str, err: Any) -> str:
+    """The line for an error the SDK gave up on. Its attempts are read off the last request it sent (the SDK's
+    own `x-stainless-retry-count` header), not assumed: a `Retry-After` over its cap stops retries early."""
+    attempts = int(err.request.headers.get("x-stainless-retry-count", 0)) + 1
+    return f"backend.base_urls: {url} failed {attempts} times ({type(err).__name__}: {_one_line(err)}) on {what}"
+
+
 class OpenAIBackend:
     kind = "openai"
     concurrent = True  # generate() may be called from many threads: each call's requests join the shared loop
@@ -97,8 +110,11 @@ class OpenAIBackend:
         self._up_lock = asyncio.Lock()
         return {
             u: AsyncOpenAI(
-                base_url=u, api_key=api_key(self.config), timeout=self.config.request_timeout_s, max_retries=0
-            )  # retries are ours: same policy for every error kind
+                base_url=u,
+                api_key=api_key(self.config),
+                timeout=self.config.request_timeout_s,
+                max_retries=self.config.max_retries,
+            )
             for u in self.urls
         }
 
@@ -108,32 +124,23 @@ class OpenAIBackend:
         candidates = [u for u in self.urls if self.in_flight[u] == low]
         return candidates[next(self._turn) % len(candidates)]
 
-    async def _with_retries(self, url: str, what: str, call):
+    async def _request(self, url: str, what: str, call):
+        """`call()` through the SDK, which has retried what may pass on a retry; its final error becomes one
+        MapsTrainError line that says how many attempts the SDK made."""
         import openai
 
-        retryable = (
-            openai.APITimeoutError,
-            openai.APIConnectionError,
-            openai.RateLimitError,
-            openai.InternalServerError,
-        )
-        attempts = self.config.max_retries + 1
-        for attempt in range(attempts):
-            try:
-                return await call()
-            except retryable as err:
-                if attempt + 1 == attempts:
-                    raise MapsTrainError(
-                        f"backend.base_urls: {url} failed {attempts} times ({type(err).__name__}: "
-                        f"{_one_line(err)}) on {what}"
-                    ) from None
-                await asyncio.sleep(self.config.retry_backoff_s * (2**attempt))
-            except openai.NotFoundError as err:
-                raise MapsTrainError(f"backend.base_urls: {url} has no model for {what} ({_one_line(err)})") from None
-            except openai.APIStatusError as err:
-                raise MapsTrainError(
-                    f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})"
-                ) from None
+        try:
+            return await call()
+        except openai.APIConnectionError as err:  # timeouts included (APITimeoutError)
+            raise MapsTrainError(_failed(url, what, err)) from None
+        except openai.NotFoundError as err:
+            raise MapsTrainError(f"backend.base_urls: {url} has no model for {what} ({_one_line(err)})") from None
+        except openai.APIStatusError as err:
+            if _transient(err.status_code):
+                raise MapsTrainError(_failed(url, what, err)) from None
+            raise MapsTrainError(
+                f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})"
+            ) from None
 
     async def _ready(self, url: str) -> None:
         """With `backend.server_wait_s`, the first request to a server waits until its /health answers: a run may
@@ -161,7 +168,7 @@ class OpenAIBackend:
     async def _base_name(self, url: str) -> str:
         """The server's base model id (the model card without a parent adapter)."""
         if url not in self._base_names:
-            page = await self._with_retries(url, "GET /models", lambda: self._clients[url].models.list())
+            page = await self._request(url, "GET /models", lambda: self._clients[url].models.list())
             cards = list(page.data)
             bases = [c.id for c in cards if getattr(c, "parent", None) is None] or [c.id for c in cards]
             if not bases:
@@ -264,7 +271,7 @@ class OpenAIBackend:
                 model = served_name or await self._base_name(url)
                 start = time.perf_counter()
                 what = f"role '{spec.request.role}' (model={model})"
-                resp = await self._with_retries(url, what, self._sender(url, model, spec, prompt))
+                resp = await self._request(url, what, self._sender(url, model, spec, prompt))
                 latency = time.perf_counter() - start
         finally:
             self.in_flight[url] -= 1

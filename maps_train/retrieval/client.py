@@ -36,8 +36,12 @@ class RetrievalClient:
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)))
 
     def _request(self, method: str, path: str, **kwargs):
+        """One call, retried `retries` times after a 5xx, a timeout or a transport error (0.5 s, 1 s, ... between);
+        a 4xx or the last failure is one MapsTrainError line."""
         import httpx
 
+        # Retried here, not by httpx's `HTTPTransport(retries=N)`: that retries only a failed connect (httpcore's
+        # ConnectError/ConnectTimeout), never the 5xx or the read timeout that a busy service gives.
         for attempt in range(self.retries + 1):
             try:
                 response = self._http.request(method, path, **kwargs)
