@@ -168,8 +168,10 @@ def engines_of_recipe(recipe: Recipe) -> list[EngineSpec]:
     return [EngineSpec(model, len(adapters), recipe.backend, concurrency) for model, adapters in groups.items()]
 
 
-def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig) -> tuple[list[Row], dict[int, float]]:
-    """The engine's own check (what vLLM needs inside gpu_memory_utilization), and what it takes of each GPU."""
+def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig,
+                tp_field: str = "backend.tensor_parallel_size") -> tuple[list[Row], dict[int, float]]:
+    """The engine's own check (what vLLM needs inside gpu_memory_utilization), and what it takes of each GPU;
+    `tp_field` is the recipe field that sets its tensor parallelism, named in the fix."""
     backend, shape = engine.backend, model_shape(engine.model)
     tp = backend.tensor_parallel_size
     if not hardware.gpus:
@@ -183,12 +185,12 @@ def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig) -> tup
     problem = None
     if tp > hardware.gpus:
         problem = (f"{stage}: {process} needs {tp} GPUs, the hardware has {hardware.gpus}; "
-                   f"set backend.tensor_parallel_size={hardware.gpus} or run it on {tp} GPUs (--gpus)")
+                   f"set {tp_field}={hardware.gpus} or run it on {tp} GPUs (hardware.gpus, --gpus)")
     elif mem.needed > budget:
         wider = next((t for t in (2, 4, 8) if t > tp and t <= hardware.gpus and memory.engine_memory(
             shape, tensor_parallel=t, max_model_len=backend.max_model_len, max_loras=engine.adapters,
             max_lora_rank=backend.max_lora_rank, budget=budget).needed <= budget), None)
-        fix = (f"set backend.tensor_parallel_size={wider}" if wider else
+        fix = (f"set {tp_field}={wider}" if wider else
                "raise backend.gpu_memory_utilization or lower backend.max_model_len")
         problem = (f"{stage}: {process} needs {_gb(mem.needed)} a GPU (weights, LoRA slots, runtime and one "
                    f"{backend.max_model_len}-token sequence), {_gb(mem.needed - budget)} over its "
@@ -343,7 +345,7 @@ def serve_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     base = recipe.serve.base_model or recipe.train.student
     backend = replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
     engine = EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)
-    rows, _ = engine_rows("serve", engine, hardware)
+    rows, _ = engine_rows("serve", engine, hardware, "serve.tensor_parallel_size")
     return rows
 
 

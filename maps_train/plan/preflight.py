@@ -1,0 +1,78 @@
+"""The plan of the one stage a command runs, checked before that command starts any engine or rank.
+
+`maps-train traces`, `train`, `serve` and `eval` call `check_stage` first (maps_train/cli.py wraps them: the stage
+packages sit below the plan and cannot import it). The check uses the hardware the recipe states (`hardware:`,
+the user's own statement; nothing probes the machine), so a refusal says how to state another machine or skip
+the check. A model or corpus whose size is not at hand (not cached here, not shipped) never blocks: the run may be
+on a machine that has it, so one warning line and the command goes on. No torch or vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from maps_train.errors import MapsTrainError
+from maps_train.plan.stages import Plan, agent_stage, plan_suite, serve_rows, suite_recipes, train_rows
+
+NO_PLAN_ENV = "MAPS_TRAIN_NO_PLAN"  # set to 1: every stage skips the check (as --no-plan does)
+STAGES = ("traces", "train", "serve", "eval")
+
+
+def plan_of_stage(stage: str, path: str, overrides: list[str], accelerate_config: str | None = None) -> Plan:
+    """Only the rows of what `stage` starts: the teacher's engines and the index (traces), one launch per adapter
+    (train), the student's server (serve), or each system's engines and the index (eval)."""
+    if stage == "eval":
+        return plan_suite(Path(path), overrides)
+    from maps_train.recipe import load_recipe
+
+    recipe = load_recipe(path, overrides)
+    if accelerate_config:  # `maps-train train --accelerate-config` wins over the recipe's, as in train/launch.py
+        recipe = replace(recipe, train=replace(recipe.train, accelerate_config=accelerate_config))
+    rows = {"traces": lambda: agent_stage("traces", [recipe], recipe.hardware),
+            "train": lambda: train_rows(recipe, recipe.hardware),
+            "serve": lambda: serve_rows(recipe, recipe.hardware)}
+    if stage not in rows:
+        raise MapsTrainError(f"plan: no pre-flight for stage '{stage}' (known: {', '.join(STAGES)})")
+    plan = Plan(recipe.name, recipe.hardware)
+    plan.rows += rows[stage]()
+    return plan
+
+
+def _load_inputs(stage: str, path: str, overrides: list[str]) -> None:
+    """Read the recipe or suite first, so that its own errors stop the command as they would without the check."""
+    if stage == "eval":
+        suite_recipes(Path(path), overrides)
+    else:
+        from maps_train.recipe import load_recipe
+
+        load_recipe(path, overrides)
+
+
+def _how_to_override(stage: str) -> str:
+    where = "the systems' recipes' hardware:" if stage == "eval" else "hardware.gpus=N hardware.gpu_memory_gb=G"
+    return f"if this machine differs, state it ({where}) or skip the check with --no-plan ({NO_PLAN_ENV}=1)"
+
+
+def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_config: str | None = None,
+                skip: bool = False, warn: Callable[[str], None] = print) -> None:
+    """Refuse `stage` (a MapsTrainError) when its plan does not fit the stated hardware, each problem first as
+    its own `maps-train: plan refused:` line through `warn`; do nothing when skipped."""
+    if skip or os.environ.get(NO_PLAN_ENV, "") not in ("", "0"):
+        return
+    _load_inputs(stage, path, overrides)
+    try:
+        plan = plan_of_stage(stage, path, overrides, accelerate_config)
+    except MapsTrainError as err:  # sizes not at hand here (model, corpus): the command may still run
+        warn(f"maps-train: warning: {stage}: not planned ({err}); going on")
+        return
+    if not plan.problems:
+        return
+    for problem in plan.problems:
+        warn(f"maps-train: plan refused: {problem}")
+    hw = plan.hardware
+    machine = f"{hw.gpus} x {hw.gpu_memory_gb:g} GB GPU" if hw.gpus else f"CPUs only, {hw.memory_gb:g} GB host"
+    raise MapsTrainError(f"{stage}: refused before anything started: {len(plan.problems)} problem(s) on the stated "
+                         f"hardware ({machine}); {_how_to_override(stage)}")
