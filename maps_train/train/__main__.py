@@ -56,7 +56,6 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     """Train, save and check one adapter; returns its summary (None when it was already finished)."""
     import torch
     from transformers import set_seed
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
     from maps_train.train import callbacks, data, sft
@@ -118,7 +117,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     # Train (resuming from the last checkpoint of an interrupted run)
     ###############
     checkpoints = sft.trainer_dir(recipe, adapter)
-    last_checkpoint = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    last_checkpoint = sft.last_complete_checkpoint(checkpoints)
     if last_checkpoint:
         logger.info("%s: resuming from %s", adapter, last_checkpoint)
     result = trainer.train(resume_from_checkpoint=last_checkpoint)

@@ -195,6 +195,20 @@ def save_adapter(trainer, folder: Path, base_model: str) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest `checkpoint-<step>` under `folder` that was saved whole, or None.
+
+    transformers' `get_last_checkpoint` takes the highest step without looking inside, so a kill in the middle of a
+    save (a folder holding only a rank's `rng_state_1.pth`) would be resumed from and fail. The Trainer writes
+    `trainer_state.json` last, so a checkpoint that has it is complete."""
+    if not folder.is_dir():
+        return None
+    steps = [(int(path.name.removeprefix("checkpoint-")), path) for path in folder.iterdir()
+             if path.is_dir() and path.name.removeprefix("checkpoint-").isdigit()]
+    complete = [(step, path) for step, path in steps if (path / "trainer_state.json").is_file()]
+    return str(max(complete)[1]) if complete else None
+
+
 def _output_dirs(recipe, adapter: str) -> list[tuple[Path, Path, bool]]:
     """(folder, the folder it must lie in, whether it holds trainer state) of everything training writes for
     `adapter`: the adapter itself and its checkpoints."""
