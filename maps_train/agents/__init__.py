@@ -6,6 +6,6 @@
 """
 
 from maps_train.agents.registry import available_methods, engine_class, register_method
-from maps_train.agents.runner import answer_record, build_engine, run_method
+from maps_train.agents.runner import build_engine, run_method
 
-__all__ = ["answer_record", "available_methods", "build_engine", "engine_class", "register_method", "run_method"]
+__all__ = ["available_methods", "build_engine", "engine_class", "register_method", "run_method"]

@@ -29,11 +29,6 @@ from maps_train.records.trace import TraceRecord, restore_lost_answers
 from maps_train.retrieval.base import Retriever
 
 
-def answer_record(trace: TraceRecord) -> AnswerRecord:
-    """The line of answers.jsonl for one question (what evaluation reads)."""
-    return trace.answer_record()
-
-
 def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retriever | None = None) -> Engine:
     """The engine of `recipe.agent.method`, with the recipe's router and retriever unless given."""
     cls = engine_class(recipe.agent.method)
@@ -101,7 +96,7 @@ def run_method(
 
     def finished(trace: TraceRecord) -> None:
         traces.append(trace.to_dict())
-        record = answer_record(trace)
+        record = trace.answer_record()
         answers.append(record.to_dict())
         done[trace.question_id] = record
         bar.update(1)
