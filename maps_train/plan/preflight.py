@@ -13,42 +13,43 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.plan.stages import Plan, agent_stage, plan_suite, serve_rows, suite_recipes, train_rows
+from maps_train.plan.stages import Plan, agent_stage, plan_systems, serve_rows, suite_recipes, train_rows
 
 NO_PLAN_ENV = "MAPS_TRAIN_NO_PLAN"  # set to 1: every stage skips the check (as --no-plan does)
 STAGES = ("traces", "train", "serve", "eval")
 
 
-def plan_of_stage(stage: str, path: str, overrides: list[str], accelerate_config: str | None = None) -> Plan:
-    """Only the rows of what `stage` starts: the teacher's engines and the index (traces), one launch per adapter
-    (train), the student's server (serve), or each system's engines and the index (eval)."""
+def load_stage_inputs(stage: str, path: str, overrides: list[str], accelerate_config: str | None = None) -> Any:
+    """What `stage` reads, loaded once: the suite and its systems' recipes (eval), else the recipe. Its own errors
+    stop the command here, as they would without the check."""
     if stage == "eval":
-        return plan_suite(Path(path), overrides)
+        return suite_recipes(Path(path), overrides)
+    if stage not in STAGES:
+        raise MapsTrainError(f"plan: no pre-flight for stage '{stage}' (known: {', '.join(STAGES)})")
     from maps_train.recipe import load_recipe
 
     recipe = load_recipe(path, overrides)
     if accelerate_config:  # `maps-train train --accelerate-config` wins over the recipe's, as in train/launch.py
         recipe = replace(recipe, train=replace(recipe.train, accelerate_config=accelerate_config))
+    return recipe
+
+
+def plan_of_stage(stage: str, inputs: Any) -> Plan:
+    """Only the rows of what `stage` starts, from `load_stage_inputs`: the teacher's engines and the index
+    (traces), one launch per adapter (train), the student's server (serve), or each system's engines and the
+    index (eval)."""
+    if stage == "eval":
+        return plan_systems(*inputs)
+    recipe = inputs
     rows = {"traces": lambda: agent_stage("traces", [recipe], recipe.hardware),
             "train": lambda: train_rows(recipe, recipe.hardware),
             "serve": lambda: serve_rows(recipe, recipe.hardware)}
-    if stage not in rows:
-        raise MapsTrainError(f"plan: no pre-flight for stage '{stage}' (known: {', '.join(STAGES)})")
     plan = Plan(recipe.name, recipe.hardware)
     plan.rows += rows[stage]()
     return plan
-
-
-def _load_inputs(stage: str, path: str, overrides: list[str]) -> None:
-    """Read the recipe or suite first, so that its own errors stop the command as they would without the check."""
-    if stage == "eval":
-        suite_recipes(Path(path), overrides)
-    else:
-        from maps_train.recipe import load_recipe
-
-        load_recipe(path, overrides)
 
 
 def _how_to_override(stage: str) -> str:
@@ -62,9 +63,9 @@ def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_confi
     its own `maps-train: plan refused:` line through `warn`; do nothing when skipped."""
     if skip or os.environ.get(NO_PLAN_ENV, "") not in ("", "0"):
         return
-    _load_inputs(stage, path, overrides)
+    inputs = load_stage_inputs(stage, path, overrides, accelerate_config)
     try:
-        plan = plan_of_stage(stage, path, overrides, accelerate_config)
+        plan = plan_of_stage(stage, inputs)
     except MapsTrainError as err:  # sizes not at hand here (model, corpus): the command may still run
         warn(f"maps-train: warning: {stage}: not planned ({err}); going on")
         return

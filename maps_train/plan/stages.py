@@ -391,6 +391,11 @@ def largest_hardware(recipes: list[Recipe]) -> HardwareConfig:
 
 def plan_suite(path: Path, overrides: list[str], gpus=None, gpu_memory_gb=None, memory_gb=None) -> Plan:
     suite, recipes = suite_recipes(path, overrides)
+    return plan_systems(suite, recipes, gpus, gpu_memory_gb, memory_gb)
+
+
+def plan_systems(suite: Any, recipes: list[Recipe], gpus=None, gpu_memory_gb=None, memory_gb=None) -> Plan:
+    """The plan of a loaded suite (`suite_recipes`): the index, then each system's engines."""
     hardware = with_hardware(largest_hardware(recipes), gpus, gpu_memory_gb, memory_gb)
     plan = Plan(suite.name, hardware)
     plan.rows += index_rows(recipes[0], hardware)
