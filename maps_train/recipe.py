@@ -411,6 +411,88 @@ class OnPolicyConfig:
     seed: int = 0
 
 
+# Our defaults for `rl.grpo` (keyword arguments of trl.GRPOConfig); a recipe names only the keys it changes.
+GRPO_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 1e-5,
+    "beta": 0.04,  # KL to the starting adapter (TRL keeps a frozen copy of it as the "ref" adapter)
+    "per_device_train_batch_size": 4,  # rollouts per device per step: a multiple of rl.num_generations
+    "gradient_accumulation_steps": 1,
+    "max_steps": 100,
+    "logging_steps": 1,
+    "save_strategy": "steps",
+    "save_steps": 10,
+    "save_total_limit": 2,
+    "bf16": False,
+    "seed": 0,
+    "report_to": [],  # maps-train opens the W&B run itself (wandb: section), like the SFT stage
+}
+# Set by maps-train from the `rl:` section, so a value under rl.grpo would be silently replaced: refused.
+GRPO_RESERVED = {
+    "output_dir": "set by maps-train to <rl.output_dir>/_trainer/<role>",
+    "num_generations": "set from rl.num_generations",
+    "max_completion_length": "set from rl.max_completion_tokens",
+    "temperature": "set from rl.temperature",
+    "reward_weights": "set from rl.reward (one weight per reward part)",
+    "use_cpu": "set by maps-train from the machine",
+}
+
+
+def check_grpo_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`rl.grpo` checked against trl.GRPOConfig's own fields (TRL's verdict remembered per version)."""
+    for key in options:
+        if key in GRPO_RESERVED:
+            raise FieldError(key, GRPO_RESERVED[key])
+    return library_verdict("grpo", ("trl", "transformers"), options, _grpo_verdict)
+
+
+def _grpo_verdict(options: dict[str, Any]) -> dict[str, Any]:
+    from trl import GRPOConfig
+
+    from maps_train.config import check_dataclass_kwargs
+
+    return check_dataclass_kwargs(GRPOConfig, options, "GRPOConfig")
+
+
+@dataclass
+class RLRewardConfig:
+    """The reward of one rollout (one question answered by the student): each part is logged on its own, the
+    total is their weighted sum."""
+
+    correctness: Literal["cover_em", "em", "f1"] = "cover_em"
+    # Cover-EM alone pays for long answers (the gold inside a paragraph counts): an answer of more words than this
+    # scores 0 on correctness. null: no guard (EM and F1 need none).
+    length_guard_words: int | None = 12
+    correctness_weight: float = 1.0
+    format_weight: float = 0.1  # the trained roles' outputs parse against their schemas (share of their calls)
+    cost_weight: float = 0.0  # lambda: the cost term is -lambda x cost / cost_scale
+    cost_unit: Literal["tokens", "rounds", "retrievals"] = "rounds"
+    cost_scale: float = 1.0  # e.g. 1000 with tokens: lambda per thousand tokens
+    evidence_weight: float = 0.0  # shaping by evidence recall where the question has gold passages (0 elsewhere)
+
+
+@dataclass
+class RLConfig:
+    """`maps-train rl`: GRPO (TRL's GRPOTrainer) on role adapters, with MAPS as the environment."""
+
+    roles: list[str] = field(default_factory=lambda: ["consolidator"])  # trained roles, one adapter each, in turn
+    init: Literal["distilled", "base"] = "distilled"  # distilled: from the SFT adapters; base: a fresh LoRA
+    adapters_dir: str | None = None  # the distilled adapters; null: train.output_dir
+    questions: list[str] = field(default_factory=list)  # training questions; traces.questions when empty
+    limit: int | None = None  # first N questions of each file
+    output_dir: str = "runs/rl"  # adapters/<adapter>/ (the RL adapters), _trainer/<role>/ (checkpoints)
+    num_generations: int = field(default=4, metadata={"check": check_positive})  # G rollouts per question
+    temperature: float = 1.0  # the trained roles' sampling in rollouts
+    max_completion_tokens: int = field(default=256, metadata={"check": check_positive})
+    rollout: Literal["hf", "vllm"] = "hf"  # who generates the trained roles' tokens: the trainer's own model
+    # (transformers, CPU or one GPU) or TRL's vLLM (rl.grpo.use_vllm / vllm_mode: colocate or server)
+    seed: int = 0
+    reward: RLRewardConfig = field(default_factory=RLRewardConfig)
+    grpo: dict[str, Any] = field(default_factory=dict, metadata={"check": check_grpo_options})
+
+    def __post_init__(self) -> None:
+        self.grpo = {**GRPO_DEFAULTS, **self.grpo}
+
+
 @dataclass
 class HardwareConfig:
     """The machine a recipe was sized for; `maps-train plan` checks every stage against it by default."""
@@ -437,6 +519,7 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
