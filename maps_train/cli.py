@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "maps_train.evaluate.cli",
     "maps_train.analysis.cli",
     "maps_train.distill.cli",
+    "maps_train.rl.cli",
     "maps_train.demo",
     "maps_train.plan.cli",
 )

@@ -483,6 +483,11 @@ class RLConfig:
     num_generations: int = field(default=4, metadata={"check": check_positive})  # G rollouts per question
     temperature: float = 1.0  # the trained roles' sampling in rollouts
     max_completion_tokens: int = field(default=256, metadata={"check": check_positive})
+    # Who answers the calls RL does not train: "distilled" (the student with its distilled adapters from
+    # adapters_dir, on an in-process vLLM engine, as eval's distilled system), "server" (the same adapters served by
+    # `maps-train serve`, openai backend), or "recipe" (the recipe's roles: as written). A student recipe's roles are
+    # its teacher's, so "recipe" makes the teacher the environment.
+    environment: Literal["distilled", "server", "recipe"] = "distilled"
     rollout: Literal["hf", "vllm"] = "hf"  # who generates the trained roles' tokens: the trainer's own model
     # (transformers, CPU or one GPU) or TRL's vLLM (rl.grpo.use_vllm / vllm_mode: colocate or server)
     seed: int = 0

@@ -1,0 +1,21 @@
+"""`maps-train rl RECIPE [overrides]`: GRPO on the role adapters with MAPS as the environment (see `trainer`)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("rl")
+    def rl(
+        recipe: str = typer.Argument(..., help="A student recipe with an `rl:` section (its distilled adapters)."),
+        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. rl.grpo.max_steps=20"),
+    ) -> None:
+        """GRPO (TRL) on each role of rl.roles in turn; resumes from the newest checkpoint, skips finished roles."""
+        from maps_train.recipe import load_recipe
+        from maps_train.rl.trainer import run_rl
+
+        summary = run_rl(load_recipe(recipe, overrides or []), echo=typer.echo)
+        for role, lineage in summary["roles"].items():
+            typer.echo(f"{role}: {lineage['source_adapter'] or '(fresh LoRA)'} -> {lineage['rl_adapter']} "
+                       f"(step {lineage['global_step']})")

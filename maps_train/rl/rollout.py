@@ -1,0 +1,219 @@
+"""Branch rollouts: G answers to ONE prompt of the trained adapter, each carried on to the end of its question.
+
+GRPO compares G completions of the same prompt. A MAPS question is many calls (a proposer and a consolidator call
+per round, N writer calls, the answer), and each call's prompt is built afresh from (question, observations,
+state), not continued from the previous call, so an episode is no single token sequence: training on it whole
+would condition every call on text the model never saw. Instead, per question of the batch:
+
+1. PILOT: one episode of MAPS with the current policy. Its K calls of the trained roles (the roles whose calls
+   the trained adapter writes: `sft_data.adapter_roles`) are counted, and a branch call b is drawn uniformly from
+   0..K-1 (seeded by rl.seed, the global step and the question id), so every round of the role is trained in turn.
+2. BRANCHES: G episodes of the same question (ids `<id>~g<g>`, so the backends tell them apart by
+   `ChatRequest.question_id`). Every call before the pilot's b-th trained call is REPLAYED from the pilot (its
+   completion returned as it was; the request must equal the pilot's, else a one-line error), so the G branches
+   reach the identical state; the b-th trained call is sampled afresh in each (its own seed, from the branch id),
+   and every later call is sampled live.
+3. The GRPO sample of branch g is the b-th trained call only: the prompt ids the policy saw, the ids it generated
+   and their log-probabilities (`PolicyBackend.samples`). Its reward is the outcome of the branch's whole episode.
+   Retrieved passages, other roles' outputs and replayed text are never completion tokens. Later calls of the
+   trained roles in a branch are the policy's too, but they are environment for this sample (not trained at
+   this step; a later step's draw of b trains them).
+
+Seeds: each step's episodes run with `agent.sampling.seed` set to a seed of (rl.seed, step), so every request
+gets its own seed from (that seed, question id, role, call index) (`agents.engine.request_seed`): a rerun of a
+step (a resume) samples the same episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from maps_train.agents.engine import request_seed
+from maps_train.agents.registry import engine_class
+from maps_train.errors import MapsTrainError
+from maps_train.llm.budget import ReasoningCap
+from maps_train.llm.router import Router, engine_key, make_backend
+from maps_train.llm.types import ChatRequest, Completion
+from maps_train.questions import Question
+from maps_train.recipe import Recipe, adapter_of_role, route_for
+from maps_train.records.trace import TraceRecord
+from maps_train.retrieval.base import Hit, Retriever
+from maps_train.rl.policy import PolicyBackend, PolicySample
+
+PILOT = "pilot"
+
+
+def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
+    """The trace roles whose calls the adapter of `role` writes (the consolidator adapter also writes "answer"):
+    the policy answers all of them, since its weights are what the adapter becomes."""
+    mapping = adapter_of_role(recipe)
+    if role not in mapping:
+        raise MapsTrainError(f"rl.roles: '{role}' is no role of sft_data.adapter_roles ({', '.join(sorted(mapping))})")
+    return sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
+
+
+def policy_router(recipe: Recipe, trained_roles: Sequence[str], policy: PolicyBackend,
+                  backends: Mapping[str, Any] | None = None) -> Router:
+    """The recipe's router with the trained roles' routes served by `policy` (their thinking switch kept; the
+    policy decides the sampling). `backends`: ready environment backends by engine key or kind (tests)."""
+    routes = dict(recipe.roles)
+    for role in trained_roles:
+        route = route_for(recipe.roles, role)
+        routes[role] = dataclasses.replace(route, backend="hf", model=f"rl-policy:{policy.name}", adapter=None,
+                                           structured=False)
+    given = {**(backends or {}), engine_key(routes[trained_roles[0]]): policy}
+    return Router(routes, backends=given, reasoning_cap=ReasoningCap.from_config(recipe.backend),
+                  factory=lambda kind, model, shared: make_backend(kind, model, shared, recipe.backend))
+
+
+@dataclass
+class LoggedCall:
+    request: ChatRequest
+    completion: Completion
+
+
+class CallLog:
+    """A backend that passes every request on and keeps (request, completion) per question id, in call order."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.calls: dict[str, list[LoggedCall]] = defaultdict(list)
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        completions = self.inner.generate(requests)
+        for request, completion in zip(requests, completions):
+            self.calls[request.question_id or ""].append(LoggedCall(request, completion))
+        return completions
+
+
+class ReplayBackend:
+    """A backend that answers each episode's first calls from a recorded prefix and sends the rest to `live`.
+
+    `prefixes`: episode (question id) -> the calls to replay, in order. A replayed request must be the recorded
+    one (role and messages): the episode is then in the recorded state, call for call."""
+
+    def __init__(self, live: Any, prefixes: Mapping[str, list[LoggedCall]]):
+        self.live = live
+        self.prefixes = prefixes
+        self.replayed: dict[str, int] = defaultdict(int)
+
+    def generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        results: list[Completion | None] = [None] * len(requests)
+        live_rows = []
+        for row, request in enumerate(requests):
+            episode = request.question_id or ""
+            prefix = self.prefixes.get(episode, [])
+            position = self.replayed[episode]
+            if position >= len(prefix):
+                live_rows.append(row)
+                continue
+            recorded = prefix[position]
+            if recorded.request.role != request.role or recorded.request.messages != request.messages:
+                raise MapsTrainError(
+                    f"rl rollout: episode '{episode}' call {position} ({request.role}) is not the pilot's "
+                    f"({recorded.request.role}, same messages: {recorded.request.messages == request.messages}); "
+                    "every earlier call was replayed, so the retriever answered the same queries differently")
+            results[row] = dataclasses.replace(recorded.completion)
+            self.replayed[episode] += 1
+        if live_rows:
+            for row, completion in zip(live_rows, self.live.generate([requests[i] for i in live_rows])):
+                results[row] = completion
+        return results  # type: ignore[return-value]
+
+
+class HitLog:
+    """A retriever that remembers every passage it returned (id -> hit), so the evidence reward can match gold
+    passages known only by title and text against what a rollout retrieved (traces keep passage ids only)."""
+
+    def __init__(self, inner: Retriever):
+        self.inner = inner
+        self.passages: dict[str, Hit] = {}
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        results = self.inner.search(queries, k)
+        for hits in results:
+            self.passages.update((hit.id, hit) for hit in hits)
+        return results
+
+
+@dataclass
+class Rollout:
+    """One GRPO sample: branch `branch` of a question, the trained call it samples, and its whole episode."""
+
+    question: Question  # the branch's question (id `<id>~g<g>`), as the trace names it
+    source_id: str  # the question's own id
+    branch: int
+    branch_call: int  # b: which of the pilot's trained-role calls the branches sample afresh
+    sample: PolicySample
+    trace: TraceRecord
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The base request seed of one training step's episodes."""
+    return request_seed(seed, step, "rl-step", "", 0)
+
+
+def branch_index(seed: int, step: int, question_id: str, calls: int) -> int:
+    """b, drawn uniformly from 0..calls-1 (seeded by rl.seed, the step and the question)."""
+    return random.Random(request_seed(seed, step, question_id, "rl-branch", calls)).randrange(calls)
+
+
+def branch_id(question_id: str, branch: int | str) -> str:
+    return f"{question_id}~{PILOT if branch == PILOT else f'g{branch}'}"
+
+
+class BranchRollouts:
+    """Pilot and branch episodes of MAPS for a batch of questions (see the module docstring)."""
+
+    def __init__(self, recipe: Recipe, router: Any, policy: PolicyBackend, retriever: Retriever,
+                 trained_roles: Sequence[str], num_generations: int, seed: int):
+        if recipe.agent.method != "maps":
+            raise MapsTrainError(f"agent.method: rl trains MAPS roles; got '{recipe.agent.method}'")
+        self.recipe = recipe
+        self.router = router
+        self.policy = policy
+        self.retriever = retriever
+        self.trained_roles = set(trained_roles)
+        self.num_generations = num_generations
+        self.seed = seed
+
+    def _engine(self, backend: Any, step: int):
+        sampling = dataclasses.replace(self.recipe.agent.sampling, seed=step_seed(self.seed, step), sample=0)
+        recipe = dataclasses.replace(self.recipe, agent=dataclasses.replace(self.recipe.agent, sampling=sampling))
+        return engine_class(recipe.agent.method)(recipe, backend, self.retriever)
+
+    def run(self, questions: list[Question], step: int) -> list[Rollout]:
+        """G rollouts per question, question after question (branch 0..G-1 each): TRL's group order."""
+        if len({q.id for q in questions}) != len(questions):
+            raise MapsTrainError("rl rollout: a question twice in one batch (its episodes would share ids)")
+        self.policy.samples.clear()
+        pilots = CallLog(self.router)
+        self._engine(pilots, step).run_batch([dataclasses.replace(q, id=branch_id(q.id, PILOT)) for q in questions])
+        prefixes: dict[str, list[LoggedCall]] = {}
+        branch_calls: dict[str, int] = {}
+        for question in questions:
+            calls = pilots.calls[branch_id(question.id, PILOT)]
+            trained = [i for i, call in enumerate(calls) if call.request.role in self.trained_roles]
+            if not trained:
+                raise MapsTrainError(f"rl rollout: question '{question.id}': the pilot made no call of "
+                                     f"{', '.join(sorted(self.trained_roles))}")
+            branch_calls[question.id] = branch_index(self.seed, step, question.id, len(trained))
+            for g in range(self.num_generations):
+                prefixes[branch_id(question.id, g)] = calls[: trained[branch_calls[question.id]]]
+        branches = [dataclasses.replace(q, id=branch_id(q.id, g)) for q in questions for g in range(self.num_generations)]
+        traces = self._engine(ReplayBackend(self.router, prefixes), step).run_batch(branches)
+        return [self._rollout(branch, trace, branch_calls, i) for i, (branch, trace) in
+                enumerate(zip(branches, traces))]
+
+    def _rollout(self, branch: Question, trace: TraceRecord, branch_calls: dict[str, int], index: int) -> Rollout:
+        source_id = branch.id.rsplit("~", 1)[0]
+        samples = self.policy.samples_of(branch.id)
+        # Everything before the branch call was replayed, so the policy's first call of this episode is it.
+        if not samples or samples[0].role not in self.trained_roles:
+            raise MapsTrainError(f"rl rollout: episode '{branch.id}' made no live call of the trained roles")
+        return Rollout(branch, source_id, index % self.num_generations, branch_calls[source_id], samples[0], trace)

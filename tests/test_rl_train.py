@@ -1,0 +1,164 @@
+"""`maps-train rl` end to end on real components: TRL's GRPOTrainer on the tiny Qwen3 with a distilled (random)
+consolidator adapter, the environment the same model through the project's hf backend, BM25 over the demo corpus.
+
+The tiny model's outputs are random tokens (seeded), so no answer is ever right by knowledge. The questions' golds
+are letters every answer of its contains, which makes correctness exactly Cover-EM's length guard: branches whose
+answer is at most `length_guard_words` words score 1, the others 0, so groups differ and GRPO has an advantage to
+follow. A run is SIGKILLed after its first checkpoint and rerun: it resumes from that checkpoint and ends at
+max_steps with an adapter that differs from the distilled one and that vLLM could serve."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from maps_train.errors import ConfigError, MapsTrainError
+from maps_train.recipe import load_recipe
+from maps_train.rl.trainer import check_rl_config, environment_recipe, mark_folder, with_rl_adapter
+from maps_train.train.adapter_check import check_adapter
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_STEPS = 2
+WEIGHTS = "adapter_model.safetensors"
+
+
+def write_world(tmp_path: Path, adapters_dir: Path) -> Path:
+    demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:2]]
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({**row, "golden_answers": ["e", "o", "s"]}) + "\n" for row in demo))
+    recipe = {
+        "name": "rl-test",
+        "retrieval": {"kind": "bm25", "corpus": str(REPO / "data/demo/corpus.jsonl"),
+                      "index_dir": str(tmp_path / "index")},
+        "backend": {"max_model_len": 2048},
+        "roles": {"default": {"backend": "hf", "model": "builtin:tiny-qwen3", "max_tokens": 8}},
+        "agent": {"max_rounds": 1, "num_directions": 1, "top_k": 2},
+        "train": {"student": "builtin:tiny-qwen3"},
+        "rl": {"roles": ["consolidator"], "adapters_dir": str(adapters_dir), "questions": [str(questions)],
+               "environment": "recipe",
+               "output_dir": str(tmp_path / "rl"), "num_generations": 2, "max_completion_tokens": 4, "seed": 0,
+               "reward": {"length_guard_words": 2},
+               "grpo": {"per_device_train_batch_size": 2, "max_steps": MAX_STEPS, "save_steps": 1,
+                        "learning_rate": 1e-3, "logging_steps": 1}},
+        "wandb": {"enabled": False},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 300.0) -> None:
+    """Poll until `condition()` holds; fail if the process ends first or the time runs out (a hang, not a verdict)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before the condition held"
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.05)
+
+
+def lora_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / WEIGHTS))
+
+
+def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3, make_lora_adapters):
+    distilled = Path(make_lora_adapters(tiny_qwen3, ["consolidator"])["consolidator"])
+    recipe = write_world(tmp_path, distilled.parent)
+    command = [sys.executable, "-m", "maps_train.cli", "rl", str(recipe)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
+    # trainer_state.json is among the last files a checkpoint writes: its presence means the checkpoint is usable.
+    first_state = tmp_path / "rl" / "_trainer" / "consolidator" / "checkpoint-1" / "trainer_state.json"
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(first_state.is_file, process)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not (tmp_path / "rl" / "adapters" / "consolidator" / "rl_summary.json").exists()
+
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = re.search(r"resuming from \S+checkpoint-(\d+)", rerun.stderr + rerun.stdout)
+    assert resumed and 1 <= int(resumed.group(1)) < MAX_STEPS  # from the checkpoint the kill left, not afresh
+
+    out = tmp_path / "rl" / "adapters" / "consolidator"
+    summary = json.loads((out / "rl_summary.json").read_text())
+    assert summary["global_step"] == MAX_STEPS
+    assert summary["source_adapter"] == str(distilled) and summary["rl_adapter"] == str(out)
+    assert summary["trained_roles"] == ["answer", "consolidator"]
+    state = json.loads((tmp_path / "rl" / "_trainer" / "consolidator" / "trainer_state.json").read_text())
+    steps = [entry["step"] for entry in state["log_history"] if "reward" in entry]
+    assert steps == list(range(1, MAX_STEPS + 1))  # each step once: the resumed run continued, did not restart
+    logged = state["log_history"][-2]
+    assert {"rewards/correctness/mean", "rewards/format/mean", "rewards/cost/mean", "rewards/evidence/mean", "kl",
+            "episode/cover_em", "episode/tokens"} <= set(logged)
+    assert all(entry["reward_std"] > 0 for entry in state["log_history"] if "reward" in entry)  # branches differed
+    # The resumed step started from the checkpoint's policy, which step 1 had moved off the distilled (ref) one.
+    assert state["log_history"][1]["kl"] > 0
+
+    before, after = lora_weights(distilled), lora_weights(out)
+    assert sorted(before) == sorted(after)  # the same adapter (only "default": TRL's frozen "ref" copy not saved)
+    assert any(not (before[key] == after[key]).all() for key in before)
+    assert not (out / "ref").exists() and check_adapter(out) == []
+    overall = json.loads((tmp_path / "rl" / "rl_summary.json").read_text())
+    assert overall["lineage"] == [{"source_adapter": str(distilled), "rl_adapter": str(out),
+                                   "source_sha256": hashlib.sha256((distilled / WEIGHTS).read_bytes()).hexdigest(),
+                                   "rl_sha256": hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()}]
+
+    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "already trained" in again.stdout  # a finished role is not retrained
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rl.rollout=vllm", "rl.rollout: 'vllm' (TRL's vLLM generation) is not built yet"),
+    ("rl.num_generations=3", "must be a multiple of rl.num_generations (3)"),
+    ("rl.roles=[critic]", "rl.roles: 'critic' is no role"),
+    ("rl.roles=[consolidator,consolidator]", "train one adapter twice"),
+    ("rl.temperature=0", "rl.temperature: GRPO samples its rollouts"),
+])
+def test_a_recipe_rl_cannot_run_is_refused_in_one_line_before_anything_loads(override, message):
+    with pytest.raises(MapsTrainError) as err:
+        check_rl_config(load_recipe(None, [override]))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, ConfigError) or "critic" in override
+
+
+def test_rl_never_writes_into_a_folder_it_did_not_make(tmp_path):
+    foreign = tmp_path / "someone-elses"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(MapsTrainError, match="has no .written-by-maps-train"):
+        mark_folder(foreign, "consolidator")
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    mark_folder(tmp_path / "fresh", "consolidator")
+    mark_folder(tmp_path / "fresh", "consolidator")  # ours: written into again (a resume)
+    assert (tmp_path / "fresh" / ".written-by-maps-train").is_file()
+
+
+def test_the_environment_is_the_distilled_student_unless_the_recipe_says_otherwise(tmp_path):
+    overrides = ["train.student=builtin:tiny-qwen3", f"rl.adapters_dir={tmp_path / 'sft'}",
+                 f"rl.output_dir={tmp_path / 'rl'}", "roles.default.model=teacher-32b"]
+    engine = environment_recipe(load_recipe(None, overrides))
+    assert {(r.backend, r.model, r.adapter) for r in engine.roles.values()} >= {
+        ("vllm", "builtin:tiny-qwen3", str(tmp_path / "sft" / name)) for name in ("proposer", "writer")}
+    assert engine.route("answer").adapter == str(tmp_path / "sft" / "consolidator")  # the adapter of its role
+    served = environment_recipe(load_recipe(None, [*overrides, "rl.environment=server"]))
+    assert (served.route("writer").backend, served.route("writer").adapter) == ("openai", "writer")
+    as_written = environment_recipe(load_recipe(None, [*overrides, "rl.environment=recipe"]))
+    assert as_written.route("writer").model == "teacher-32b"  # the recipe's own (here: its teacher's) routes
+    # Once RL'd, an adapter's roles run with the new adapter in the next role's environment.
+    after = with_rl_adapter(engine, "consolidator")
+    assert {after.route(r).adapter for r in ("consolidator", "answer")} == {str(tmp_path / "rl/adapters/consolidator")}
+    assert after.route("writer").adapter == str(tmp_path / "sft" / "writer")
