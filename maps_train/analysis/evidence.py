@@ -24,7 +24,7 @@ from maps_train.analysis.trace_reader import read_traces
 from maps_train.plotting import pyplot
 from maps_train.records.evidence import GoldPassage, PassageText, evidence_recall, gold_evidence, needs_passage_text
 from maps_train.records.trace import TraceRecord
-from maps_train.retrieval.corpus import passages_by_id
+from maps_train.retrieval.corpus import PassageLookup
 
 
 @dataclass
@@ -66,6 +66,7 @@ def evidence_by_round(
 ) -> list[EvidenceByRound]:
     """Per system (in the order met), the recall curves of its traced questions that have gold passages."""
     by_system: dict[str, EvidenceByRound] = {}
+    lookup = PassageLookup(corpus) if corpus is not None else None  # one read of the corpus for all the runs
     for run in runs:
         if not run.traces.is_file():
             continue
@@ -76,11 +77,13 @@ def evidence_by_round(
             pid for t in traces if needs_passage_text(golds[t.question_id])
             for r in t.rounds for hits in r.retrieved for pid in hits.passage_ids
         }
-        passages = passages_by_id(corpus, wanted) if corpus is not None and wanted else {}
+        passages = lookup(wanted) if lookup is not None else {}
         stats = by_system.setdefault(run.system, EvidenceByRound(run.system))
         for trace in traces:
             if golds[trace.question_id]:
                 stats.curves.append(recall_curve(trace, golds[trace.question_id], passages))
+    if lookup is not None:
+        lookup.close()
     return [s for s in by_system.values() if s.questions]
 
 

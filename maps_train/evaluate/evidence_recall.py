@@ -9,14 +9,16 @@ Rows of questions without gold passages (GPQA, a quarter of NQ) carry none of th
 (a runner of another tool that writes no traces) scores None for both recalls.
 
 Traces keep passage ids only. When some gold passage carries no corpus id (FlashRAG's own HotpotQA/2Wiki/MuSiQue
-files), the retrieved passages' titles and texts are read from the system's corpus (`retrieval.corpus`), once per
-run and only for the ids its traces name; a corpus that is not on this machine (a remote retrieval service) leaves
-those questions matched by id alone.
+files), the retrieved passages' titles and texts are read from the system's corpus (`retrieval.corpus`), only for
+the ids its traces name; a corpus that is not on this machine (a remote retrieval service) leaves those questions
+matched by id alone. A suite shares one `CorpusLookups` across its runs, so each corpus is read once per suite
+(then only the rows named, through its offsets), not once per (system, data set) run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -33,7 +35,7 @@ from maps_train.records.evidence import (
 from maps_train.records.shards import TRACES_FILE
 from maps_train.records.store import read_records
 from maps_train.records.trace import TraceFormatError, TraceRecord
-from maps_train.retrieval.corpus import passages_by_id
+from maps_train.retrieval.corpus import Passage, PassageLookup, passages_by_id
 
 RECALL_KEYS = ("evidence_recall", "evidence_recall_seen")
 
@@ -68,10 +70,34 @@ def evidence_fields(
     }
 
 
+class CorpusLookups:
+    """One `PassageLookup` per corpus file, shared by every run a suite scores: each corpus is read once per suite
+    (on the first run that needs passage text), however many systems and data sets use it."""
+
+    def __init__(self) -> None:
+        self._lookups: dict[Path, PassageLookup] = {}
+        self._lock = threading.Lock()
+
+    def passages(self, corpus: Path, wanted: Iterable[str]) -> dict[str, Passage]:
+        with self._lock:
+            lookup = self._lookups.setdefault(corpus.resolve(), PassageLookup(corpus))
+        return lookup(wanted)
+
+    def close(self) -> None:
+        with self._lock:
+            for lookup in self._lookups.values():
+                lookup.close()
+            self._lookups.clear()
+
+
 def run_evidence(
-    run_dir: str | Path, questions: list[Question], corpus: str | Path | None = None
+    run_dir: str | Path,
+    questions: list[Question],
+    corpus: str | Path | None = None,
+    lookups: CorpusLookups | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Evidence columns per question id of one finished run (its traces in `run_dir`)."""
+    """Evidence columns per question id of one finished run (its traces in `run_dir`). `lookups`: the suite's shared
+    corpus readers; without them the corpus is scanned for this run alone (`passages_by_id`)."""
     traces = read_run_traces(run_dir)
     wanted = set()
     for question in questions:
@@ -79,8 +105,9 @@ def run_evidence(
         if trace is not None and needs_passage_text(gold_evidence(question.metadata)):
             wanted.update(retrieved_ids(trace))
             wanted.update(seen_ids(trace))
-    local_corpus = corpus is not None and Path(corpus).is_file()
-    passages = passages_by_id(corpus, wanted) if wanted and local_corpus else {}
+    passages: dict[str, Passage] = {}
+    if wanted and corpus is not None and Path(corpus).is_file():
+        passages = lookups.passages(Path(corpus), wanted) if lookups else passages_by_id(corpus, wanted)
     return {q.id: evidence_fields(q, traces.get(q.id), passages) for q in questions}
 
 
@@ -120,4 +147,4 @@ def evidence_cells(rows: list[dict[str, Any]], systems: list[str], datasets: lis
     return cells
 
 
-__all__ = ["RECALL_KEYS", "evidence_cells", "evidence_fields", "read_run_traces", "run_evidence"]
+__all__ = ["RECALL_KEYS", "CorpusLookups", "evidence_cells", "evidence_fields", "read_run_traces", "run_evidence"]

@@ -31,7 +31,7 @@ from maps_train.config import check_plain_name, dump_yaml, load_config, redact_s
 from maps_train.errors import ConfigError, MapsTrainError, io_errors
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
-from maps_train.evaluate.evidence_recall import RECALL_KEYS, run_evidence
+from maps_train.evaluate.evidence_recall import RECALL_KEYS, CorpusLookups, run_evidence
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
 from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
@@ -393,6 +393,7 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
         raise ConfigError(f"parallel_runs: must be at least 1, got {suite.parallel_runs}")
     parallel = min(suite.parallel_runs, max(1, len(runs)))
     totals = {"scored": 0, "unanswered": 0}
+    corpus_lookups = CorpusLookups()  # evidence recall reads each corpus once for all runs, not once per run
     bar = tqdm(total=len(runs), desc=f"suite {suite.name}", unit="run", disable=not progress)
 
     def answer(system, spec, pending):
@@ -408,7 +409,7 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
             answers[record.question_id] = record
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
         run_dir = out_dir / "runs" / system.name / spec.name
-        evidence = run_evidence(run_dir, pending, recipes[system.name].retrieval.corpus)
+        evidence = run_evidence(run_dir, pending, recipes[system.name].retrieval.corpus, corpus_lookups)
         rows = [
             score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup, suite.normalizer,
                          evidence.get(q.id))
@@ -442,6 +443,7 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
                     pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
+        corpus_lookups.close()
     return totals["scored"], totals["unanswered"]
 
 
