@@ -17,6 +17,9 @@ sums, so the modes can do slightly different work: compare the role calls and to
 Retrieval: MiniLM + a flat FAISS index over the paragraphs of the first HotpotQA dev questions (../shared/realdata).
 Prints figures, ratios and the machine's load; nothing is asserted.
 
+    .venv/bin/python bench/bench_agent.py --backend vllm --modes drivers --repeats 2 ...   # the same settings
+        # the continuous run through each in-process vLLM driver (backend.vllm_engine: loop, async), alternately
+
 Measured figures are in docs/throughput.md.
 """
 
@@ -142,6 +145,65 @@ def prefill_split(router, requests) -> dict[str, float]:
     return {"prefill_raw": batched, "prefill_one": single}
 
 
+def compare_drivers(recipe, questions, root, loop_router, retriever, gold, repeats: int) -> None:
+    """The continuous run on the same questions through each in-process vLLM driver (`backend.vllm_engine`): two
+    engines from the same settings, side by side, run alternately (loop, async, async, loop, ...) so that the
+    shared machine's load falls on both alike. Greedy decoding: every run's tokens and answers should match the
+    first loop run's; the differing ones are counted."""
+    import copy
+
+    from maps_train.llm.router import build_router
+    from maps_train.records.metrics import cover_em
+
+    async_recipe = copy.deepcopy(recipe)
+    async_recipe.backend.vllm_engine = "async"
+    routers = {"loop": loop_router, "async": build_router(async_recipe)}
+    run(recipe, questions[:2], root / "warmup-async", routers["async"], retriever, "step", 2)
+    order = [driver for i in range(repeats) for driver in (("loop", "async") if i % 2 == 0 else ("async", "loop"))]
+    seconds: dict[str, list[float]] = {"loop": [], "async": []}
+    reference, role_calls = None, []
+    for n, driver in enumerate(order):
+        records, took, backend, _ = run(recipe, questions, root / f"drivers-{n}-{driver}", routers[driver],
+                                        retriever, "continuous", len(questions))
+        seconds[driver].append(took)
+        role_calls = role_calls or backend.kept
+        calls = sum(r.cost.calls for r in records)
+        tokens = {r.question_id: (r.cost.prompt_tokens, r.cost.completion_tokens) for r in records}
+        answers = {r.question_id: r.answer for r in records}
+        reference = reference or (tokens, answers)
+        covered = sum(cover_em(r.answer or "", gold[r.question_id]) for r in records)
+        print(f"{driver + ' run ' + str(len(seconds[driver])):>17}: {took:7.1f} s  {calls / took:5.2f} role calls/s | "
+              f"{calls} role calls, {sum(p for p, _ in tokens.values())} prompt + "
+              f"{sum(c for _, c in tokens.values())} completion tokens | Cover-EM {covered:.0f}/{len(records)} | vs "
+              f"the first loop run: {sum(answers[q] != reference[1].get(q) for q in answers)} differing answers, "
+              f"{sum(tokens[q] != reference[0].get(q) for q in tokens)} questions with differing token counts")
+    for i, (loop_s, async_s) in enumerate(zip(seconds["loop"], seconds["async"]), 1):
+        print(f"{'loop / async, pair ' + str(i):>36}: {loop_s / async_s:.2f}x")
+    print(f"{'loop / async, all runs':>36}: {sum(seconds['loop']) / sum(seconds['async']):.2f}x "
+          f"(above 1: async is faster)")
+    replay_drivers(routers, role_calls, order)
+    routers["async"].close()
+
+
+def replay_drivers(routers, requests, order) -> None:
+    """The first loop run's role calls, each driver given them all in one `generate()` (in the same order as the
+    runs): a batch that no thread timing reshapes, so the drivers' tokens can be compared call by call."""
+    seconds: dict[str, list[float]] = {"loop": [], "async": []}
+    texts: dict[str, list[tuple[str, int]]] = {}  # the loop's first replay
+    for driver in order:
+        cold(routers[driver])
+        start = time.perf_counter()
+        completions = routers[driver].generate(requests)
+        seconds[driver].append(time.perf_counter() - start)
+        current = [(c.text, c.completion_tokens) for c in completions]
+        first_loop = texts.setdefault("loop", current)  # the order starts with the loop
+        differing = sum(a != b for a, b in zip(current, first_loop))
+        print(f"{driver + ' replay':>17}: {seconds[driver][-1]:7.1f} s  {len(requests)} role calls in one generate(), "
+              f"{sum(c.completion_tokens for c in completions)} completion tokens | {differing} calls whose text or "
+              f"token count differs from the loop's first replay")
+    print(f"{'replays, loop / async':>36}: {sum(seconds['loop']) / sum(seconds['async']):.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
@@ -153,13 +215,17 @@ def main() -> None:
     parser.add_argument("--passage-words", type=int, default=120, help="agent.max_passage_words")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--modes", default="one,step,continuous,raw,prefill",
-                        help="comma-separated: one,step,continuous,raw,prefill (the last two replay the continuous run)")
+                        help="comma-separated: one,step,continuous,raw,prefill (the last two replay the continuous "
+                             "run); drivers (vllm: the continuous run through backend.vllm_engine loop and async)")
+    parser.add_argument("--repeats", type=int, default=2, help="drivers: runs of each driver, alternating")
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated agent.concurrency values for the continuous mode (default: every "
                              "question at once); the raw replay and prefill split replay the first value's run")
     parser.add_argument("--dtype", default="auto",
                         help="backend.dtype (auto, the demo teacher's: bfloat16 where the CPU multiplies bf16)")
     args = parser.parse_args()
+    if "drivers" in args.modes.split(",") and args.backend != "vllm":
+        parser.error("--modes drivers compares the vLLM engine drivers: use --backend vllm")
 
     import torch
     from worlds import write_paragraph_world
@@ -242,6 +308,8 @@ def main() -> None:
             seconds["raw"] = replay(router, backend.kept)
         if mode == "continuous" and "prefill" in modes:
             seconds.update(prefill_split(router, backend.kept))
+    if "drivers" in modes:
+        compare_drivers(recipe, questions, root, router, retriever, gold, args.repeats)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     for a, b, what in (("one", "continuous", "continuous vs one at a time"),
                        ("step", "continuous", "continuous vs step-synchronous"),

@@ -116,6 +116,9 @@ class BackendConfig:
     # vLLM, a multimodal model run on text only (Qwen3.6): skip its vision encoder, whose memory goes to the KV
     # cache instead (`vllm.LLM(language_model_only=True)`, `vllm serve --language-model-only`).
     language_model_only: bool = False
+    # vLLM in process: "loop" steps a `vllm.LLM` from one thread; "async" runs vLLM's `AsyncLLM` (the engine of
+    # `vllm serve`) on its own event loop. Same tokens; no speed difference measured (docs/throughput.md).
+    vllm_engine: Literal["loop", "async"] = "loop"
     hf_batch_size: int = 16
 
 

@@ -8,7 +8,8 @@ overridden by the request's): vLLM draws each seeded request from its own genera
 request's text whatever else is in the batch (up to batch-dependent float rounding in the logits). The engine starts on first use; `close()` frees it and
 a later call starts it again.
 
-Calls go through an `EngineLoop` (one thread stepping the engine): `generate` may be called from many threads at
+Calls go through an `EngineLoop` (one thread stepping the engine), or with `backend.vllm_engine: async` through
+vLLM's `AsyncLLM` on its own event loop thread (`vllm_async`): `generate` may be called from many threads at
 once (the continuous agent schedule does), every call's prompts join the running batch as soon as they arrive,
 and each completion's `latency_s` is its own request's time from submission to its last token.
 
@@ -94,22 +95,30 @@ class VLLMBackend:
 
     @property
     def loop(self):
-        """The thread that steps the engine (started with it)."""
+        """The engine driver generate() submits to (`backend.vllm_engine`): the thread that steps `self.llm`, or
+        the `AsyncLLM` driver, which is its own engine."""
         with self._lock:
+            engine = self.llm
             if self._loop is None:
                 from maps_train.llm.vllm_loop import EngineLoop
 
-                self._loop = EngineLoop(self.llm)
+                self._loop = EngineLoop(engine)
             return self._loop
 
     def _start(self):
-        from vllm import LLM
-
+        """The engine: a `vllm.LLM` ("loop"), or an `AsyncEngineLoop` started from the same keywords ("async")."""
         kwargs = self.llm_kwargs()
-        llm = LLM(**kwargs)
-        self._tokenizer = llm.get_tokenizer()
+        if self.config.vllm_engine == "async":
+            from maps_train.llm.vllm_async import AsyncEngineLoop
+
+            engine = self._loop = AsyncEngineLoop(kwargs)
+        else:
+            from vllm import LLM
+
+            engine = LLM(**kwargs)
+        self._tokenizer = engine.get_tokenizer()
         self._started_with_parser = bool(kwargs.get("reasoning_parser"))
-        return llm
+        return engine
 
     def llm_kwargs(self) -> dict[str, Any]:
         """What `vllm.LLM` is started with (the CPU runtime defaults are applied here, before it starts)."""
@@ -264,7 +273,8 @@ class VLLMBackend:
                 )
 
     def close(self) -> None:
-        """Shut the engine down (its worker process exits); a later call starts a fresh one."""
+        """Shut the engine down (its worker process exits; the async driver's close does it all); a later call
+        starts a fresh one."""
         if self._llm is None:
             return
         if self._loop is not None:
