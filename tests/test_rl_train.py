@@ -16,11 +16,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from test_train_scale import wait_for
 
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.recipe import load_recipe
@@ -55,15 +55,6 @@ def write_world(tmp_path: Path, adapters_dir: Path) -> Path:
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
-
-
-def wait_for(condition, process: subprocess.Popen, timeout: float = 300.0) -> None:
-    """Poll until `condition()` holds; fail if the process ends first or the time runs out (a hang, not a verdict)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None, f"the run ended (exit {process.returncode}) before the condition held"
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.05)
 
 
 def lora_weights(folder: Path) -> dict:
@@ -104,7 +95,9 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     logged = state["log_history"][-2]
     assert {"rewards/correctness/mean", "rewards/format/mean", "rewards/cost/mean", "rewards/evidence/mean", "kl",
             "episode/cover_em", "episode/tokens"} <= set(logged)
-    assert all(entry["reward_std"] > 0 for entry in state["log_history"] if "reward" in entry)  # branches differed
+    # Step 1 samples the distilled adapter with fixed seeds: its branches differ, so its update moves the policy.
+    # (Later steps sample the moved policy, whose groups may all agree: their spread is not this test's business.)
+    assert state["log_history"][0]["step"] == 1 and state["log_history"][0]["reward_std"] > 0
     # The resumed step started from the checkpoint's policy, which step 1 had moved off the distilled (ref) one.
     assert state["log_history"][1]["kl"] > 0
 

@@ -109,6 +109,9 @@ wandb: {{enabled: true, project: unit, mode: offline}}
     assert files_holding_the_key(out) == []
     manifest = (out / SUITE_MANIFEST).read_text()
     assert "backend.api_key=***" in manifest and SHOWN_URL in manifest and "[--api-key, ***]" in manifest
+    import wandb
+
+    wandb.teardown()  # waits for the service to close its streams: finish() may return before the writer flushed
     [run] = run_files(out / "wandb")
     logged = run.read_bytes()  # the run's config is there, redacted
     assert b'"api_key":"***"' in logged and SHOWN_URL.encode() in logged
