@@ -106,7 +106,7 @@ def test_shipped_students_share_one_teacher_run_and_one_sft_set(monkeypatch):
     assert len(students) == 4
     for student in students:
         raw = yaml.safe_load((REPO / "recipes" / "distill" / f"{student.name.removeprefix('distill-')}.yaml").read_text())
-        assert raw["base"] == "../teacher/qwen3-32b.yaml" and set(raw) <= {"base", "name", "backend", "train", "onpolicy", "wandb"}
+        assert raw["base"] == "../teacher/qwen3-32b.yaml" and set(raw) <= {"base", "name", "backend", "train", "onpolicy", "rl", "wandb"}
         assert student.roles == teacher.roles and student.traces == teacher.traces and student.agent == teacher.agent
         assert sft_traces_dir(student) == Path(teacher.traces.out_dir)
         # One tokenizer and one max_length: all four read one set.

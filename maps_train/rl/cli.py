@@ -10,11 +10,17 @@ def register(app: typer.Typer) -> None:
     def rl(
         recipe: str = typer.Argument(..., help="A student recipe with an `rl:` section (its distilled adapters)."),
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. rl.grpo.max_steps=20"),
+        plot_only: bool = typer.Option(False, "--plot-only", help="Only redraw <rl.output_dir>/curves-<role>.png "
+                                       "from the run's saved trainer_state.json (no training)."),
     ) -> None:
         """GRPO (TRL) on each role of rl.roles in turn; resumes from the newest checkpoint, skips finished roles."""
         from maps_train.recipe import load_recipe
-        from maps_train.rl.trainer import run_rl
+        from maps_train.rl.trainer import plot_run_curves, run_rl
 
+        if plot_only:
+            for png in plot_run_curves(load_recipe(recipe, overrides or [])):
+                typer.echo(str(png))
+            return
         summary = run_rl(load_recipe(recipe, overrides or []), echo=typer.echo)
         for role, lineage in summary["roles"].items():
             typer.echo(f"{role}: {lineage['source_adapter'] or '(fresh LoRA)'} -> {lineage['rl_adapter']} "
