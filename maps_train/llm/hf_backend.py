@@ -135,19 +135,14 @@ class HFBackend:
         if spec.stop:
             kwargs.update(stop_strings=spec.stop, tokenizer=tok)
         start = time.perf_counter()
-        with self._seeded(spec), torch.inference_mode():
+        with seeded_rng(None if spec.greedy else spec.seed, self.device), torch.inference_mode():
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen, **kwargs)
         latency = time.perf_counter() - start
         eos_ids = set(_as_list(gen.eos_token_id))
         completions = []
         for row, (s, name) in enumerate(zip(specs, names)):
-            new = out[row, width:].tolist()
-            finish = "length"
-            for j, t in enumerate(new):
-                if t in eos_ids:
-                    new, finish = new[: j + 1], "stop"
-                    break
-            else:
+            new, finish = cut_at_eos(out[row, width:].tolist(), gen.eos_token_id)
+            if finish == "length":
                 # generate pads rows that finished early on a stop string; drop the padding
                 while new and new[-1] == pad and pad not in eos_ids:
                     new.pop()
@@ -175,22 +170,6 @@ class HFBackend:
                 )
             )
         return completions
-
-    @contextmanager
-    def _seeded(self, spec: CallSpec) -> Iterator[None]:
-        """Seed torch for one seeded sampled row, restoring the global RNG state afterwards."""
-        if spec.greedy or spec.seed is None:
-            yield
-            return
-        import torch
-
-        devices = []
-        if self.device.startswith("cuda"):
-            index = torch.device(self.device).index
-            devices = [torch.cuda.current_device() if index is None else index]
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(spec.seed)
-            yield
 
     def _generation_config(self, spec: CallSpec):
         import copy
@@ -225,3 +204,29 @@ def _as_list(value: Any) -> list[int]:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def cut_at_eos(new: list[int], eos_token_id: Any) -> tuple[list[int], str]:
+    """A row's generated ids up to and including its first end-of-turn id, and the finish reason ("stop" there,
+    else "length"): generate keeps writing padding after a row of a batch ends."""
+    eos_ids = set(_as_list(eos_token_id))
+    for j, token in enumerate(new):
+        if token in eos_ids:
+            return new[: j + 1], "stop"
+    return new, "length"
+
+
+@contextmanager
+def seeded_rng(seed: int | None, device: Any) -> Iterator[None]:
+    """`torch.manual_seed(seed)` for one row on `device`, the global RNG state restored afterwards, so a seeded
+    sampled row's tokens depend on its seed and prompt only; None seeds nothing (greedy or unseeded rows)."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    device = torch.device(device)
+    devices = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

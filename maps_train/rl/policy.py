@@ -9,8 +9,8 @@ prompt token ids the model saw, the ids it generated, and their log-probabilitie
 the same tokens with `logits / temperature`). The completions it returns look like any backend's (token counts,
 thinking split off, finish reason), so the MAPS engine books their cost and parses them as usual.
 
-Seeds: as in `llm.hf_backend`, every sampled row runs alone under `torch.manual_seed(seed)` inside
-`torch.random.fork_rng`, so a row's tokens depend on its seed and prompt only, never on its batch mates, and the
+Seeds: as in `llm.hf_backend` (its `seeded_rng`), every sampled row runs alone under `torch.manual_seed(seed)`
+inside `torch.random.fork_rng`, so a row's tokens depend on its seed and prompt only, never on its batch mates, and the
 trainer's own RNG state is left as it was.
 """
 
@@ -32,6 +32,7 @@ from maps_train.llm.common import (
     reasoning_token_count,
     split_thinking,
 )
+from maps_train.llm.hf_backend import cut_at_eos, seeded_rng
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import RoleRoute
 
@@ -103,16 +104,10 @@ class PolicyBackend:
         input_ids = torch.tensor([fitted.ids], device=device)
         gen = self._generation_config(model)
         start = time.perf_counter()
-        with self._seeded(spec.seed, device), torch.no_grad():
+        with seeded_rng(spec.seed, device), torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen)
         latency = time.perf_counter() - start
-        new = out.sequences[0, len(fitted.ids):].tolist()
-        eos_ids = set(_as_list(gen.eos_token_id))
-        finish = "length"
-        for j, token in enumerate(new):
-            if token in eos_ids:
-                new, finish = new[: j + 1], "stop"
-                break
+        new, finish = cut_at_eos(out.sequences[0, len(fitted.ids):].tolist(), gen.eos_token_id)
         logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / self.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new, device=device)[:, None])[:, 0]
         request = spec.request
@@ -150,30 +145,6 @@ class PolicyBackend:
                                 output_logits=True,
                                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
 
-    @staticmethod
-    def _seeded(seed: int | None, device: Any):
-        """`torch.manual_seed(seed)` for one row, the global RNG state restored afterwards (see module docstring)."""
-        import contextlib
-
-        import torch
-
-        if seed is None:
-            return contextlib.nullcontext()
-        devices = [device.index or 0] if device.type == "cuda" else []
-
-        @contextlib.contextmanager
-        def forked():
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seed)
-                yield
-
-        return forked()
-
     def samples_of(self, question_id: str) -> list[PolicySample]:
         return [sample for sample in self.samples if sample.question_id == question_id]
 
-
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
