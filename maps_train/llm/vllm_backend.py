@@ -43,7 +43,14 @@ from maps_train.llm.common import (
     think_close_id,
 )
 from maps_train.llm.types import ChatRequest, Completion
-from maps_train.platform import apply_runtime_defaults, cpu_scheduler_kwargs, lora_slots, vllm_dtype, vllm_on_cpu
+from maps_train.platform import (
+    apply_runtime_defaults,
+    cpu_scheduler_kwargs,
+    lora_slots,
+    vllm_dtype,
+    vllm_kernel_scan_guard,
+    vllm_on_cpu,
+)
 from maps_train.recipe import BackendConfig, RoleRoute
 
 
@@ -111,11 +118,13 @@ class VLLMBackend:
         if self.config.vllm_engine == "async":
             from maps_train.llm.vllm_async import AsyncEngineLoop
 
-            engine = self._loop = AsyncEngineLoop(kwargs)
+            with vllm_kernel_scan_guard():
+                engine = self._loop = AsyncEngineLoop(kwargs)
         else:
             from vllm import LLM
 
-            engine = LLM(**kwargs)
+            with vllm_kernel_scan_guard():  # the core may run in this process (maps_train.platform)
+                engine = LLM(**kwargs)
         self._tokenizer = engine.get_tokenizer()
         self._started_with_parser = bool(kwargs.get("reasoning_parser"))
         return engine
