@@ -437,6 +437,7 @@ GRPO_RESERVED = {
     "temperature": "set from rl.temperature",
     "reward_weights": "set from rl.reward (one weight per reward part)",
     "use_cpu": "set by maps-train from the machine",
+    "use_vllm": "set from rl.rollout (vllm: TRL's vLLM samples the trained calls)",
 }
 
 
@@ -492,7 +493,7 @@ class RLConfig:
     # its teacher's, so "recipe" makes the teacher the environment.
     environment: Literal["distilled", "server", "recipe"] = "distilled"
     rollout: Literal["hf", "vllm"] = "hf"  # who generates the trained roles' tokens: the trainer's own model
-    # (transformers, CPU or one GPU) or TRL's vLLM (rl.grpo.use_vllm / vllm_mode: colocate or server)
+    # (transformers) or TRL's vLLM engine, its weights synced each step (rl.grpo.vllm_mode: colocate or server)
     seed: int = 0
     reward: RLRewardConfig = field(default_factory=RLRewardConfig)
     grpo: dict[str, Any] = field(default_factory=dict, metadata={"check": check_grpo_options})

@@ -115,7 +115,6 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
 
 
 @pytest.mark.parametrize("override, message", [
-    ("rl.rollout=vllm", "rl.rollout: 'vllm' (TRL's vLLM generation) is not built yet"),
     ("rl.num_generations=3", "must be a multiple of rl.num_generations (3)"),
     ("rl.roles=[critic]", "rl.roles: 'critic' is no role"),
     ("rl.roles=[consolidator,consolidator]", "train one adapter twice"),

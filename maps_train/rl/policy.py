@@ -49,8 +49,20 @@ class PolicySample:
     logprobs: list[float]  # log p(token) under softmax(logits / temperature), one per completion id
 
 
+@dataclass
+class Drawn:
+    """One sampled completion: its token ids (end-of-turn included when it came), their log-probabilities at the
+    policy's temperature, why it ended ("stop" or "length") and how long it took."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str
+    latency_s: float
+
+
 class PolicyBackend:
-    """A backend over the trainer's current model; every call it answers is kept in `samples`, in order."""
+    """A backend over the trainer's current model; every call it answers is kept in `samples`, in order.
+    Subclasses sample elsewhere (`_draw`): `maps_train.rl.vllm_policy` on TRL's vLLM."""
 
     kind = "policy"
     concurrent = False  # one generate() at a time (a torch model in this process)
@@ -80,14 +92,10 @@ class PolicyBackend:
 
     def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
         routes = routes or [default_route(self.name)] * len(requests)
-        model = self.model_of()
-        was_training = model.training
-        model.eval()  # no LoRA dropout while sampling: the tokens come from the policy TRL then scores
-        try:
-            return [self._generate_one(model, self._spec(request, route)) for request, route in zip(requests, routes)]
-        finally:
-            if was_training:
-                model.train()
+        specs = [self._spec(request, route) for request, route in zip(requests, routes)]
+        fitted = [fit_request(self.tokenizer, spec, self.max_model_len, self.truncate_prompt) for spec in specs]
+        drawn = self._draw([fit.ids for fit in fitted], specs)
+        return [self._complete(spec, fit, draw) for spec, fit, draw in zip(specs, fitted, drawn)]
 
     def _spec(self, request: ChatRequest, route: RoleRoute) -> CallSpec:
         """The request as the route renders it (thinking switch, schema), sampled at the policy's own settings
@@ -95,37 +103,50 @@ class PolicyBackend:
         spec = call_spec(request, route)
         return dataclasses.replace(spec, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
 
-    def _generate_one(self, model: Any, spec: CallSpec) -> Completion:
+    def _draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+        """Sample every prompt with the trainer's current model, one row at a time under its own seed."""
+        model = self.model_of()
+        was_training = model.training
+        model.eval()  # no LoRA dropout while sampling: the tokens come from the policy TRL then scores
+        try:
+            return [self._draw_one(model, ids, spec.seed) for ids, spec in zip(prompts, specs)]
+        finally:
+            if was_training:
+                model.train()
+
+    def _draw_one(self, model: Any, prompt: list[int], seed: int | None) -> Drawn:
         import torch
 
-        tok = self.tokenizer
-        fitted = fit_request(tok, spec, self.max_model_len, self.truncate_prompt)
         device = next(model.parameters()).device
-        input_ids = torch.tensor([fitted.ids], device=device)
+        input_ids = torch.tensor([prompt], device=device)
         gen = self._generation_config(model)
         start = time.perf_counter()
-        with seeded_rng(spec.seed, device), torch.no_grad():
+        with seeded_rng(seed, device), torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen)
         latency = time.perf_counter() - start
-        new, finish = cut_at_eos(out.sequences[0, len(fitted.ids):].tolist(), gen.eos_token_id)
+        new, finish = cut_at_eos(out.sequences[0, len(prompt):].tolist(), gen.eos_token_id)
         logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / self.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new, device=device)[:, None])[:, 0]
-        request = spec.request
+        return Drawn(new, logprobs.tolist(), finish, latency)
+
+    def _complete(self, spec: CallSpec, fitted: Any, drawn: Drawn) -> Completion:
+        """Keep the sample GRPO trains on and return the call's completion as any backend would."""
+        tok, request = self.tokenizer, spec.request
         self.samples.append(PolicySample(request.question_id or "", request.role, fitted.text, list(fitted.ids),
-                                         new, logprobs.tolist()))
-        text = tok.decode(new, skip_special_tokens=True)
+                                         list(drawn.ids), list(drawn.logprobs)))
+        text = tok.decode(drawn.ids, skip_special_tokens=True)
         answer, reasoning = split_thinking(text, generation_opens_thinking(fitted.text, spec))
         return Completion(
             text=answer,
             reasoning=reasoning,
             generated=text,
             prompt_tokens=len(fitted.ids),
-            completion_tokens=len(new),
-            reasoning_tokens=reasoning_token_count(new, tok, answer, reasoning),
-            latency_s=latency,
+            completion_tokens=len(drawn.ids),
+            reasoning_tokens=reasoning_token_count(drawn.ids, tok, answer, reasoning),
+            latency_s=drawn.latency_s,
             model=self.name,
             adapter=self.name,
-            finish_reason=finish,
+            finish_reason=drawn.finish,
             role=request.role,
             constrained=False,
             **spec.sampling_used(),

