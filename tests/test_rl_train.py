@@ -154,3 +154,25 @@ def test_the_environment_is_the_distilled_student_unless_the_recipe_says_otherwi
     after = with_rl_adapter(engine, "consolidator")
     assert {after.route(r).adapter for r in ("consolidator", "answer")} == {str(tmp_path / "rl/adapters/consolidator")}
     assert after.route("writer").adapter == str(tmp_path / "sft" / "writer")
+
+
+def test_a_second_rl_run_into_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    from maps_train.paths import sole_writer
+    from maps_train.rl.trainer import run_rl
+
+    folder = tmp_path / "rl"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from maps_train.paths import sole_writer\n"
+         f"with sole_writer(Path({str(folder)!r}), 'maps-train rl'):\n print('held', flush=True); sys.stdin.readline()"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # the first run holds the folder
+        with pytest.raises(MapsTrainError) as err:
+            run_rl(load_recipe(None, [f"rl.output_dir={folder}"]))  # refused before any question or model loads
+        assert f"already writing here (pid {holder.pid})" in str(err.value) and "\n" not in str(err.value)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert holder.returncode == 0
+    with sole_writer(folder, "maps-train rl"):  # released when its holder ended
+        assert (folder / ".lock").read_text() == f"pid {os.getpid()}\n"

@@ -549,11 +549,22 @@ def run_rl(recipe: Recipe, *, retriever: Any = None, environment_backends: Mappi
            echo=logger.info) -> dict[str, Any]:
     """Every role of `rl.roles` in turn (finished ones skipped); writes (rank 0) and returns
     `<rl.output_dir>/rl_summary.json`."""
-    from maps_train.paths import write_text_atomic
+    from contextlib import nullcontext
+
+    from maps_train.paths import sole_writer
 
     rank0 = is_main_rank()
     say = echo if rank0 else _say_nothing  # every rank trains; rank 0 reports
     check_rl_config(recipe)
+    # One run per output folder (rank 0 holds it for the launch): two would interleave checkpoints and adapters.
+    with sole_writer(Path(recipe.rl.output_dir), "maps-train rl") if rank0 else nullcontext():
+        return _run_roles(recipe, rank0, say, retriever, environment_backends, echo)
+
+
+def _run_roles(recipe: Recipe, rank0: bool, say, retriever: Any, environment_backends: Mapping[str, Any] | None,
+               echo) -> dict[str, Any]:
+    from maps_train.paths import write_text_atomic
+
     questions = load_rl_questions(recipe)
     if retriever is None:
         from maps_train.retrieval.factory import build_retriever
