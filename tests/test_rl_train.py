@@ -157,12 +157,12 @@ def test_the_environment_is_the_distilled_student_unless_the_recipe_says_otherwi
 
 
 def test_a_second_rl_run_into_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
-    from maps_train.paths import sole_writer
     from maps_train.rl.trainer import run_rl
+    from maps_train.runlock import sole_writer
 
     folder = tmp_path / "rl"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from maps_train.paths import sole_writer\n"
+        [sys.executable, "-c", "import sys; from pathlib import Path; from maps_train.runlock import sole_writer\n"
          f"with sole_writer(Path({str(folder)!r}), 'maps-train rl'):\n print('held', flush=True); sys.stdin.readline()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

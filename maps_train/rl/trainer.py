@@ -551,7 +551,7 @@ def run_rl(recipe: Recipe, *, retriever: Any = None, environment_backends: Mappi
     `<rl.output_dir>/rl_summary.json`."""
     from contextlib import nullcontext
 
-    from maps_train.paths import sole_writer
+    from maps_train.runlock import sole_writer
 
     rank0 = is_main_rank()
     say = echo if rank0 else _say_nothing  # every rank trains; rank 0 reports
