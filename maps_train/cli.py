@@ -15,7 +15,7 @@ import sys
 import typer
 
 from maps_train.errors import MapsTrainError, os_error_line
-from maps_train.platform import apply_runtime_defaults
+from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
 
 app = typer.Typer(
     name="maps-train",
@@ -100,6 +100,7 @@ _register_all()
 
 def main() -> None:
     apply_runtime_defaults()
+    exit_cleanly_on_sigterm()  # `kill PID` stops a run's engine processes with it
     try:
         app()
     except MapsTrainError as err:

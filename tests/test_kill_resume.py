@@ -8,6 +8,7 @@ HotpotQA world, so the killed-and-resumed run must also reproduce an uninterrupt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -174,13 +175,11 @@ class Run:
         assert self.proc.returncode == 0, f"exit {self.proc.returncode}:\n{self.output()}"
 
 
-@pytest.fixture
-def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
-    """16 HotpotQA questions with their paragraphs as corpus, a recipe on the tiny Qwen3, the index built once;
-    questions advance by `schedule` (step: chunks of 2; continuous: 4 at a time, each written when it ends)."""
+def build_world(root: Path, realdata: Path, model: str, minilm: str, backend: str, schedule: str) -> dict[str, str]:
+    """16 HotpotQA questions with their paragraphs as corpus, a recipe whose roles all run `model` on `backend`,
+    the index built; returns the runs' environment."""
     from worlds import write_paragraph_world
 
-    root = tmp_path / "world"
     corpus, _, _ = write_paragraph_world(realdata / "hotpotqa" / "dev.jsonl", N_QUESTIONS, root)
     # Passages cut to 60 words: prompts keep no more of each (max_passage_words), and embedding takes half as long.
     rows = [json.loads(row) for row in corpus.read_text().splitlines()]
@@ -198,7 +197,7 @@ def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
             "auto_build": False,
         },
         "backend": {"dtype": "float32", "max_model_len": 4096, "hf_batch_size": 64},
-        "roles": {"default": {"backend": "hf", "model": tiny_qwen3, "max_tokens": 16}},
+        "roles": {"default": {"backend": backend, "model": model, "max_tokens": 16}},
         # batch_size 2: eight chunks, so answers are appended in several bursts a kill can fall between.
         "agent": {"num_directions": 2, "max_rounds": 2, "top_k": 3, "batch_size": 2, "max_passage_words": 60,
                   "schedule": schedule, "concurrency": 4},
@@ -213,7 +212,15 @@ def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
         text=True,
     )
     assert index.returncode == 0, index.stdout + index.stderr
-    return root, env
+    return env
+
+
+@pytest.fixture
+def world(tmp_path, realdata, tiny_qwen3, minilm, schedule):
+    """The tiny Qwen3 on the hf backend; questions advance by `schedule` (step: chunks of 2; continuous: 4 at a
+    time, each written when it ends)."""
+    root = tmp_path / "world"
+    return root, build_world(root, realdata, tiny_qwen3, minilm, "hf", schedule)
 
 
 @pytest.mark.slow
@@ -282,3 +289,32 @@ def test_a_run_killed_at_drawn_points_and_resumed_matches_an_uninterrupted_run(w
 
     assert by_id(answers) == by_id(json.loads(row) for row in ref_answers)
     assert by_id(traces) == by_id(json.loads(row) for row in ref_traces)
+
+
+@pytest.mark.slow
+def test_a_sigterm_ends_a_run_and_the_vllm_engine_processes_it_started(tmp_path, realdata, tiny_qwen3_vllm, minilm):
+    """`kill PID` on a run whose roles run on an in-process vLLM engine: the engine core and its worker are
+    processes of their own, and under Python's default SIGTERM they outlived the run, orphaned, holding the
+    engine's memory (GPU memory on a GPU). The run must exit as a normal exit does (code 143) and take them along;
+    what it wrote reads back, so the next run resumes."""
+    import psutil
+
+    root = tmp_path / "world"
+    env = build_world(root, realdata, tiny_qwen3_vllm, minilm, "vllm", "step")
+    out = tmp_path / "out"
+    run = Run(root, out, env, tmp_path / "run.log")
+    try:
+        assert run.wait_until(lines_reach(out / "answers.jsonl", 1)), f"the run ended before its first answer\n{run.output()}"
+        started = psutil.Process(run.proc.pid).children(recursive=True)
+        names = [process.name() for process in started]
+        assert any(name.startswith("VLLM::EngineCor") for name in names), names  # the engine core runs apart
+        run.proc.send_signal(signal.SIGTERM)  # to the run's process alone, as `kill PID` does, not to its group
+        assert run.proc.wait(timeout=RUN_TIMEOUT_S) == 128 + signal.SIGTERM, run.output()
+        _, alive = psutil.wait_procs(started, timeout=60)  # the engine's own shutdown grace is 5 s, then a kill
+        assert alive == [], f"still running after the run exited: {[process.name() for process in alive]}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever outlived the run is in its process group
+            os.killpg(run.proc.pid, signal.SIGKILL)
+    # What it wrote reads back as a next run reads it (a torn last line at most, which that run cuts off).
+    answered = KeyedJsonl(out / "answers.jsonl").load(repair=False)
+    assert 1 <= len(answered) < N_QUESTIONS, f"{len(answered)} answers: the SIGTERM came after the last"

