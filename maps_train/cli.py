@@ -62,7 +62,7 @@ def config_show(
 # The commands that start engines or ranks, and the argument naming the recipe or suite each reads: each runs
 # the plan of its own stage first (maps_train/plan/preflight.py). This layer wraps them because it is the only one
 # above both the stages and the plan.
-PREFLIGHT_COMMANDS = {"traces": "recipe", "train": "recipe", "serve": "recipe", "eval": "suite"}
+PREFLIGHT_COMMANDS = {"traces": "recipe", "train": "recipe", "serve": "recipe", "eval": "suite", "rl": "recipe"}
 
 
 def _with_preflight(stage: str, path_argument: str, command):

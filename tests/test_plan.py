@@ -181,3 +181,67 @@ def _app():
     from maps_train.cli import app
 
     return app
+
+
+# ---- the RL stage ---------------------------------------------------------------------------------------------
+
+RL_4B = "recipes/distill/qwen3-4b.yaml"
+
+
+def test_the_rl_rank_of_the_4b_recipe_by_hand():
+    """One GRPO rank of the 8-GPU recipe, from Qwen3-4B's config (h 2560, 32 x 128 query, 8 x 128 KV, MLP 9728,
+    36 layers, 151,936 vocabulary): base in bf16; LoRA r64 (dropout 0.05) in fp32 with gradients and Adam's two
+    moments, plus TRL's fp32 "ref" copy (distilled start, beta 0.04); checkpointed activations of 8 rows x 8192
+    tokens (each layer's bf16 input, one layer recomputed); logits of the 8 x 512 completion positions in fp32; 2 GB
+    of runtime; and TRL's colocated engine at 0.30 of 80 GB."""
+    h, q, kv, i, r, layers, vocab = 2560, 4096, 1024, 9728, 64, 36, 151_936
+    shape = model_shape("Qwen/Qwen3-4B")
+    lora = r * layers * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h))
+    assert shape.lora_parameters(r) == lora
+    layer = 2 * ((2 * h + 4 * q + 4 * kv) + (2 * h + 4 * i) + 7 * r + (5 * h + q + i)) + (5 * h + q + i)
+    activations = 8 * 8192 * (layers * 2 * h + layer)
+    rank = shape.parameters() * 2 + lora * (4 + 12 + 4) + activations + 8 * 512 * vocab * 4 + 2e9
+    plan = make_plan(RL_4B, [])
+    rows = [row for row in plan.rows if row.stage == "rl consolidator"]
+    assert [row.process for row in rows] == ["GRPO rank Qwen/Qwen3-4B LoRA r64",
+                                             "TRL's colocated vLLM Qwen/Qwen3-4B (LoRA merged)",
+                                             "all of the above, summed"]
+    assert rows[0].per_device == pytest.approx(rank)
+    assert rows[1].budget == pytest.approx(0.30 * 80e9)
+    assert rows[2].per_device == pytest.approx(rank + 0.30 * 80e9) and rows[2].per_device < 80e9
+    assert 60e9 < rows[2].per_device < 70e9 and all(row.problem is None for row in rows)
+
+
+def test_an_rl_rank_that_does_not_fit_is_refused_with_the_change_that_fits():
+    """The colocated engine given 0.6 of the GPU and checkpointing off: over by tens of GB; the refusal names
+    checkpointing and half the rows a device with twice the accumulation (the same 8 rows a step, still whole
+    groups of G = 8), and that change fits."""
+    as_written = ["rl.grpo.vllm_gpu_memory_utilization=0.6", "rl.grpo.gradient_checkpointing=false"]
+    (problem,) = [p for p in make_plan(RL_4B, as_written).problems if p.startswith("rl")]
+    assert problem.startswith("rl consolidator: each training GPU holds ") and "\n" not in problem
+    assert "TRL's colocated engine 48.0 GB" in problem and "over 80.0 GB" in problem
+    advice = problem.split("; set ")[1].removesuffix(" (the same rows a step)").split()
+    assert advice == ["rl.grpo.gradient_checkpointing=true", "rl.grpo.per_device_train_batch_size=4",
+                      "rl.grpo.gradient_accumulation_steps=2"]
+    assert not [p for p in make_plan(RL_4B, [*as_written, *advice]).problems if p.startswith("rl")]
+
+
+def test_a_colocated_engine_smaller_than_its_model_is_refused():
+    """At 0.1 of 80 GB (8 GB) TRL's engine cannot hold Qwen3-4B's 8 GB of bf16 weights and its runtime: vLLM
+    would stop at start-up, after the trainer loaded."""
+    problems = [p for p in make_plan(RL_4B, ["rl.grpo.vllm_gpu_memory_utilization=0.1"]).problems
+                if p.startswith("rl")]
+    assert len(problems) == 1 and "TRL's colocated engine needs" in problems[0]
+    assert problems[0].endswith("raise rl.grpo.vllm_gpu_memory_utilization or lower rl.grpo.vllm_max_model_length")
+
+
+def test_an_in_process_environment_engine_is_counted_on_gpu_0():
+    """rl.environment distilled on one GPU: the student's engine with its 3 adapters (backend's
+    gpu_memory_utilization) beside the rank and TRL's engine: GPU 0 is planned as their sum."""
+    plan = make_plan(RL_4B, ["rl.environment=distilled", "backend.gpu_memory_utilization=0.5"], gpus=1)
+    rows = [row for row in plan.rows if row.stage.startswith("rl consolidator")]
+    (environment,) = [row for row in rows if row.stage == "rl consolidator (environment)"]
+    assert environment.process == "vLLM Qwen/Qwen3-4B (tp 1, 3 LoRA)" and environment.budget == pytest.approx(40e9)
+    (summed,) = [row for row in rows if row.process == "all of the above, summed"]
+    assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + 40e9)
+    assert summed.problem and "the environment's engine 40.0 GB" in summed.problem

@@ -1,4 +1,4 @@
-"""Issue 35: `traces`, `train`, `serve` and `eval` run the plan of their own stage before anything starts, refuse
+"""Issue 35: `traces`, `train`, `serve`, `eval` (and `rl`, issue 38) run the plan of their own stage before anything starts, refuse
 what it refuses on the recipe's stated hardware, and let `--no-plan` (or MAPS_TRAIN_NO_PLAN=1) through.
 
 Each command's first step (the function that would go on to start engines, ranks or a server) is replaced by a
@@ -47,10 +47,13 @@ COMMANDS = {
     "serve": (lambda tmp: ["serve", "recipes/distill/qwen3-1.7b.yaml", *ONE_GPU, "serve.tensor_parallel_size=2"],
               "maps_train.serve.plan.plan_server"),
     "eval": (lambda tmp: ["eval", _suite(tmp)], "maps_train.evaluate.suite.run_suite"),
+    "rl": (lambda tmp: ["rl", "recipes/distill/qwen3-4b.yaml", "rl.grpo.gradient_checkpointing=false"],
+           "maps_train.rl.trainer.run_rl"),
 }
 # the change each refusal names (serve's tensor parallelism is its own field, not the teacher's backend's)
 FIXES = {"traces": "set backend.tensor_parallel_size=1", "train": "set train.sft.gradient_checkpointing=true",
-         "serve": "set serve.tensor_parallel_size=1", "eval": "set backend.tensor_parallel_size=1"}
+         "serve": "set serve.tensor_parallel_size=1", "eval": "set backend.tensor_parallel_size=1",
+         "rl": "set rl.grpo.gradient_checkpointing=true"}
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """The plan of the one stage a command runs, checked before that command starts any engine or rank.
 
-`maps-train traces`, `train`, `serve` and `eval` call `check_stage` first (maps_train/cli.py wraps them: the stage
+`maps-train traces`, `train`, `serve`, `eval` and `rl` call `check_stage` first (maps_train/cli.py wraps them: the stage
 packages sit below the plan and cannot import it). The check uses the hardware the recipe states (`hardware:`,
 the user's own statement; nothing probes the machine), so a refusal says how to state another machine or skip
 the check. A model or corpus whose size is not at hand (not cached here, not shipped) never blocks: the run may be
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.plan.stages import Plan, agent_stage, plan_systems, serve_rows, suite_recipes, train_rows
+from maps_train.plan.stages import Plan, agent_stage, plan_systems, rl_rows, serve_rows, suite_recipes, train_rows
 
 NO_PLAN_ENV = "MAPS_TRAIN_NO_PLAN"  # set to 1: every stage skips the check (as --no-plan does)
-STAGES = ("traces", "train", "serve", "eval")
+STAGES = ("traces", "train", "serve", "eval", "rl")
 
 
 def load_stage_inputs(stage: str, path: str, overrides: list[str], accelerate_config: str | None = None) -> Any:
@@ -39,14 +39,15 @@ def load_stage_inputs(stage: str, path: str, overrides: list[str], accelerate_co
 
 def plan_of_stage(stage: str, inputs: Any) -> Plan:
     """Only the rows of what `stage` starts, from `load_stage_inputs`: the teacher's engines and the index
-    (traces), one launch per adapter (train), the student's server (serve), or each system's engines and the
-    index (eval)."""
+    (traces), one launch per adapter (train), the student's server (serve), each system's engines and the
+    index (eval), or a GRPO rank with its engines (rl)."""
     if stage == "eval":
         return plan_systems(*inputs)
     recipe = inputs
     rows = {"traces": lambda: agent_stage("traces", [recipe], recipe.hardware),
             "train": lambda: train_rows(recipe, recipe.hardware),
-            "serve": lambda: serve_rows(recipe, recipe.hardware)}
+            "serve": lambda: serve_rows(recipe, recipe.hardware),
+            "rl": lambda: rl_rows(recipe, recipe.hardware)}
     plan = Plan(recipe.name, recipe.hardware)
     plan.rows += rows[stage]()
     return plan

@@ -349,6 +349,130 @@ def serve_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     return rows
 
 
+# ---- RL --------------------------------------------------------------------------------------------------------
+
+def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
+    """`maps-train rl`: what one training rank holds on its GPU (each rank the same; one rank runs on GPU 0).
+
+    The GRPO step: the student with its LoRA trained (fp32 weights, gradients, Adam) and, from a distilled adapter
+    with beta > 0, TRL's frozen "ref" copy of it; activations for per_device_train_batch_size rows of the context
+    the prompts are fitted to (rl.grpo.vllm_max_model_length, else backend.max_model_len); logits of the scored
+    completion positions only. Beside it, TRL's colocated engine (rl.rollout vllm, vllm_mode colocate) takes
+    vllm_gpu_memory_utilization of the GPU, and an in-process environment engine (rl.environment distilled: the
+    student with its adapters; recipe: the recipe's vLLM routes) its own gpu_memory_utilization. An environment
+    on `maps-train serve` (server) and TRL's `vllm_mode: server` engine run elsewhere: plan them on their own."""
+    rl, grpo, lora = recipe.rl, recipe.rl.grpo, recipe.train.lora
+    shape = model_shape(recipe.train.student)
+    on_gpu = hardware.gpus > 0
+    batch = int(grpo["per_device_train_batch_size"])
+    context = int(grpo.get("vllm_max_model_length") or recipe.backend.max_model_len)
+    settings = dict(max_length=context, lora_rank=int(lora["r"]), lora_dropout=float(lora.get("lora_dropout", 0.0)),
+                    checkpointing=bool(grpo.get("gradient_checkpointing")), bf16=on_gpu and bool(grpo.get("bf16")),
+                    world=1, zero_stage=0)
+    need = _grpo_memory(recipe, shape, batch, settings)
+    stage = f"rl {', '.join(rl.roles)}"
+    process = f"GRPO rank {recipe.train.student} LoRA r{settings['lora_rank']}"
+    note = (f"weights {_gb(need.weights)}, LoRA + ref {_gb(need.lora_states)}, activations {_gb(need.activations)} "
+            f"({batch} x {context} tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), logits "
+            f"{_gb(need.logits)} ({batch} x {rl.max_completion_tokens} completion tokens)")
+    colocated = rl.rollout == "vllm" and grpo.get("vllm_mode", "colocate") == "colocate"
+    policy_engine = EngineSpec(recipe.train.student, 0, replace(recipe.backend, max_model_len=context,
+                                                                tensor_parallel_size=1), batch)
+    environment = _environment_engines(recipe)
+    if not on_gpu:
+        rows = [_host_row(stage, process, need.total, hardware, note)]
+        host = need.total
+        labelled = ([(stage, policy_engine)] if colocated else []) + [(f"{stage} (environment)", e) for e in environment]
+        for label, engine in labelled:
+            rows.append(_cpu_engine_row(label, engine, model_shape(engine.model), hardware))
+            host += rows[-1].per_device
+        if len(rows) > 1:
+            rows.append(_host_row(stage, "all of the above, summed", host, hardware))
+        return rows
+    capacity = hardware.gpu_memory_gb * GB
+    rows = [Row(stage, process, "each training GPU", need.total, capacity, note)]
+    per_gpu = {0: need.total}
+    engine_budget = 0.0
+    if colocated:
+        utilization = float(grpo.get("vllm_gpu_memory_utilization", 0.3))
+        engine_budget = utilization * capacity
+        engine = memory.engine_memory(shape, tensor_parallel=1, max_model_len=context, max_loras=0,
+                                      max_lora_rank=recipe.backend.max_lora_rank, budget=engine_budget)
+        problem = None
+        if engine.needed > engine_budget:
+            problem = (f"{stage}: TRL's colocated engine needs {_gb(engine.needed)} (weights, runtime and one "
+                       f"{context}-token sequence), {_gb(engine.needed - engine_budget)} over its "
+                       f"{_gb(engine_budget)} (rl.grpo.vllm_gpu_memory_utilization {utilization:g} x "
+                       f"{hardware.gpu_memory_gb:g} GB); raise rl.grpo.vllm_gpu_memory_utilization or lower "
+                       f"rl.grpo.vllm_max_model_length")
+        rows.append(Row(stage, f"TRL's colocated vLLM {recipe.train.student} (LoRA merged)", "each training GPU",
+                        engine.needed, engine_budget, f"weights {_gb(engine.weights)}, KV {_gb(engine.kv_per_sequence)} "
+                        f"per {context}-token sequence: {engine.full_sequences} full-length sequences at once",
+                        problem))
+        per_gpu[0] += engine_budget
+    for spec in environment:
+        engine_rows_, taken = engine_rows(f"{stage} (environment)", spec, hardware)
+        rows += engine_rows_
+        for gpu, used in taken.items():
+            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + used
+    for gpu, used in sorted(per_gpu.items()):
+        where = "each training GPU" if gpu == 0 and not environment else f"GPU {gpu}"
+        problem = None
+        if used > capacity:
+            problem = _rl_refusal(stage, recipe, shape, settings, batch, used, capacity, engine_budget,
+                                  used - need.total - engine_budget, where)
+        rows.append(Row(stage, "all of the above, summed", where, used, capacity, "", problem))
+    return rows
+
+
+def _grpo_memory(recipe: Recipe, shape: ModelShape, batch: int, settings: dict) -> memory.TrainMemory:
+    """One GRPO rank: `train_memory`'s LoRA step, plus TRL's "ref" adapter, with logits of the completions only."""
+    rl = recipe.rl
+    need = memory.train_memory(shape, batch=batch, **settings)
+    reference = 0.0
+    if rl.init == "distilled" and float(rl.grpo.get("beta", 0.0)) > 0:  # a fresh LoRA's reference is the base
+        reference = shape.lora_parameters(settings["lora_rank"]) * memory.FP32
+    return replace(need, lora_states=need.lora_states + reference,
+                   logits=batch * rl.max_completion_tokens * shape.vocab_size * memory.FP32)
+
+
+def _environment_engines(recipe: Recipe) -> list[EngineSpec]:
+    """The environment's in-process vLLM engines (`rl.environment`): distilled, the student with its adapters
+    at the student's tensor parallelism (as `serve_rows`); recipe, the recipe's own vLLM routes; server, none."""
+    if recipe.rl.environment == "recipe":
+        return engines_of_recipe(recipe)
+    if recipe.rl.environment == "server":
+        return []
+    backend = replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
+    base = recipe.serve.base_model or recipe.train.student
+    return [EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)]
+
+
+def _rl_refusal(stage, recipe, shape, settings, batch, used, capacity, engine_budget, others, where) -> str:
+    """By how much a training GPU is over, and the first change that fits: checkpointing, then fewer rows a
+    device (the same rows a step through gradient accumulation), then a smaller colocated engine."""
+    grpo = recipe.rl.grpo
+    accumulation = int(grpo.get("gradient_accumulation_steps", 1))
+    head = (f"{stage}: {where} holds {_gb(used)} (the GRPO step at {batch} x {settings['max_length']} tokens "
+            f"{_gb(used - engine_budget - others)}"
+            + (f", TRL's colocated engine {_gb(engine_budget)}" if engine_budget else "")
+            + (f", the environment's engine {_gb(others)}" if others else "")
+            + f"), {_gb(used - capacity)} over {_gb(capacity)}")
+    room = capacity - engine_budget - others
+    checkpointed = dict(settings, checkpointing=True)
+    for smaller in (b for b in range(batch, 0, -1) if batch % b == 0):
+        if _grpo_memory(recipe, shape, smaller, checkpointed).total <= room:
+            changes = [] if settings["checkpointing"] else ["rl.grpo.gradient_checkpointing=true"]
+            if smaller != batch:
+                changes += [f"rl.grpo.per_device_train_batch_size={smaller}",
+                            f"rl.grpo.gradient_accumulation_steps={accumulation * batch // smaller}"]
+            same = " (the same rows a step)" if smaller != batch else ""
+            return f"{head}; set {' '.join(changes)}{same}"
+    return (f"{head}; even one row with checkpointing does not fit beside the engines: lower "
+            f"rl.grpo.vllm_gpu_memory_utilization or rl.grpo.vllm_max_model_length, or serve the environment "
+            f"(rl.environment: server)")
+
+
 # ---- recipes and suites -------------------------------------------------------------------------------------
 
 def with_hardware(hardware: HardwareConfig, gpus: int | None, gpu_memory_gb: float | None,
@@ -359,15 +483,19 @@ def with_hardware(hardware: HardwareConfig, gpus: int | None, gpu_memory_gb: flo
     return replace(hardware, **chosen)
 
 
-def plan_recipe(recipe: Recipe, hardware: HardwareConfig, name: str, trains: bool = True) -> Plan:
+def plan_recipe(recipe: Recipe, hardware: HardwareConfig, name: str, trains: bool = True,
+                reinforces: bool = False) -> Plan:
     """Index, the agent on the recipe's routes (traces; eval of this recipe), and, when it `trains` (the file or
-    its base writes a `train:` section), training and serving its student."""
+    its base writes a `train:` section), training and serving its student; when it `reinforces` (an `rl:`
+    section), the RL stage."""
     plan = Plan(name, hardware)
     plan.rows += index_rows(recipe, hardware)
     plan.rows += agent_stage("traces/eval", [recipe], hardware)
     if trains:
         plan.rows += train_rows(recipe, hardware)
         plan.rows += serve_rows(recipe, hardware)
+    if reinforces:
+        plan.rows += rl_rows(recipe, hardware)
     return plan
 
 
@@ -434,8 +562,11 @@ def make_plan(path: str, overrides: list[str], gpus=None, gpu_memory_gb=None, me
     from maps_train.config import read_layered
 
     recipe = load_recipe(path, overrides)
-    trains = "train" in read_layered(source)[0] or any(o.startswith("train.") for o in overrides)
-    return plan_recipe(recipe, with_hardware(recipe.hardware, gpus, gpu_memory_gb, memory_gb), recipe.name, trains)
+    written = read_layered(source)[0]
+    trains = "train" in written or any(o.startswith("train.") for o in overrides)
+    reinforces = "rl" in written or any(o.startswith("rl.") for o in overrides)
+    return plan_recipe(recipe, with_hardware(recipe.hardware, gpus, gpu_memory_gb, memory_gb), recipe.name, trains,
+                       reinforces)
 
 
 def format_plan(plan: Plan) -> str:

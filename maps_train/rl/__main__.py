@@ -2,7 +2,8 @@
 
     accelerate launch --num_processes 1 -m maps_train.rl --config recipes/demo/demo.yaml rl.grpo.max_steps=20
 
-(One process generates its own rollouts: `rl.rollout: hf`.) `maps-train rl` runs the same function in-process.
+(One process generates its own rollouts: `rl.rollout: hf`.) `maps-train rl` runs the same function in-process,
+after the memory plan of the stage; this entry point sits below the plan: run `maps-train plan RECIPE` first.
 """
 
 from __future__ import annotations
