@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from test_train_scale import wait_for
 
@@ -32,8 +33,8 @@ MAX_STEPS = 2
 WEIGHTS = "adapter_model.safetensors"
 
 
-def write_world(tmp_path: Path, adapters_dir: Path) -> Path:
-    demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:2]]
+def write_world(tmp_path: Path, adapters_dir: Path, questions: int = 2) -> Path:
+    demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:questions]]
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({**row, "golden_answers": ["e", "o", "s"]}) + "\n" for row in demo))
     recipe = {
@@ -65,7 +66,9 @@ def lora_weights(folder: Path) -> dict:
 
 def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3, make_lora_adapters):
     distilled = Path(make_lora_adapters(tiny_qwen3, ["consolidator"])["consolidator"])
-    recipe = write_world(tmp_path, distilled.parent)
+    # 3 questions, one a step: MAX_STEPS ends inside the first epoch, where a Trainer resumed at its last step
+    # would go on for one more (at an epoch's end it would stop).
+    recipe = write_world(tmp_path, distilled.parent, questions=3)
     command = [sys.executable, "-m", "maps_train.cli", "rl", str(recipe)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
     # trainer_state.json is among the last files a checkpoint writes: its presence means the checkpoint is usable.
@@ -112,6 +115,18 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
 
     again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "already trained" in again.stdout  # a finished role is not retrained
+
+    # A kill after the last checkpoint, before the summary: the rerun saves that checkpoint's policy and trains no
+    # step more (the Trainer alone, resumed at max_steps, would train step MAX_STEPS + 1).
+    final = lora_weights(out)
+    (out / "rl_summary.json").unlink()
+    last = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert f"checkpoint-{MAX_STEPS} holds the last step ({MAX_STEPS}): saving it, no step more" in last.stdout
+    assert json.loads((out / "rl_summary.json").read_text())["global_step"] == MAX_STEPS
+    state = json.loads((tmp_path / "rl" / "_trainer" / "consolidator" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "reward" in entry] == list(range(1, MAX_STEPS + 1))
+    assert all(torch.equal(final[key], weights) for key, weights in lora_weights(out).items())
 
 
 @pytest.mark.parametrize("override, message", [

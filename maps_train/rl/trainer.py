@@ -399,7 +399,12 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
         echo(f"rl {role}: resuming from {last_checkpoint}")
         restore_policy_adapter(trainer, Path(last_checkpoint))
     try:
-        result = trainer.train(resume_from_checkpoint=last_checkpoint)
+        if last_checkpoint and checkpoint_step(Path(last_checkpoint)) >= args.max_steps > 0:
+            # The Trainer checks max_steps only after a step: resumed at the last step, it would train one more.
+            echo(f"rl {role}: {last_checkpoint} holds the last step ({args.max_steps}): saving it, no step more")
+            result = state_of_checkpoint(trainer, Path(last_checkpoint))
+        else:
+            result = trainer.train(resume_from_checkpoint=last_checkpoint)
     finally:
         rollouts.close()
     trainer.save_state()
@@ -430,6 +435,23 @@ def colocated_engine_dtype(recipe: Recipe, args):
     from maps_train.rl.vllm_policy import engine_dtype
 
     return engine_dtype(vllm_dtype(recipe.backend.dtype, cpu=True))
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The global step a complete checkpoint was saved at (its trainer_state.json)."""
+    return int(json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
+
+
+def state_of_checkpoint(trainer, checkpoint: Path):
+    """What `trainer.train()` returns and leaves in `trainer.state`, for a run whose last step the checkpoint
+    already holds (its policy adapter restored by `restore_policy_adapter`): the checkpoint's state, and the mean
+    of its logged losses as the training loss."""
+    from transformers import TrainerState
+    from transformers.trainer_utils import TrainOutput
+
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return TrainOutput(trainer.state.global_step, sum(losses) / len(losses) if losses else 0.0, {})
 
 
 def restore_policy_adapter(trainer, checkpoint: Path) -> None:
