@@ -325,17 +325,29 @@ def _train_refusal(stage, recipe, shape, need, budget, batch, settings) -> str:
     head = (f"{stage}: {recipe.train.student} at batch {batch} x {settings['max_length']} tokens needs "
             f"{_gb(need.total)} a GPU, {_gb(need.total - budget)} over {_gb(budget)} (activations "
             f"{_gb(need.activations)}, logits {_gb(need.logits)})")
-    checkpointed = dict(settings, checkpointing=True)
-    for smaller in (b for b in range(batch, 0, -1) if batch % b == 0):  # divisors: the effective batch stays
-        if memory.train_memory(shape, batch=smaller, **checkpointed).total <= budget:
-            changes = [] if settings["checkpointing"] else ["train.sft.gradient_checkpointing=true"]
-            if smaller != batch:
-                changes += [f"train.sft.per_device_train_batch_size={smaller}",
-                            f"train.sft.gradient_accumulation_steps={accumulation * batch // smaller}"]
-            same = " (the same effective batch)" if smaller != batch else ""
-            return f"{head}; set {' '.join(changes)}{same}"
+    changes = _change_that_fits(lambda rows, kept: memory.train_memory(shape, batch=rows, **kept).total, budget,
+                                batch, accumulation, settings, "train.sft")
+    if changes is not None:
+        same = " (the same effective batch)" if any("per_device_train_batch_size" in c for c in changes) else ""
+        return f"{head}; set {' '.join(changes)}{same}"
     return (f"{head}; even batch 1 with checkpointing does not fit: use ZeRO-3 (recipes/accelerate/zero3.yaml) "
             f"or a shorter train.sft.max_length")
+
+
+def _change_that_fits(need_of, budget: float, batch: int, accumulation: int, settings: dict,
+                      section: str) -> list[str] | None:
+    """The first overrides of `section` (train.sft, rl.grpo) under which `need_of(rows, settings)` fits `budget`:
+    checkpointing on, then the largest divisor of the batch with the accumulation raised to match (the rows an
+    optimizer step sees stay the same); None when even one row does not fit."""
+    checkpointed = dict(settings, checkpointing=True)
+    for smaller in (b for b in range(batch, 0, -1) if batch % b == 0):
+        if need_of(smaller, checkpointed) <= budget:
+            changes = [] if settings["checkpointing"] else [f"{section}.gradient_checkpointing=true"]
+            if smaller != batch:
+                changes += [f"{section}.per_device_train_batch_size={smaller}",
+                            f"{section}.gradient_accumulation_steps={accumulation * batch // smaller}"]
+            return changes
+    return None
 
 
 # ---- serving ------------------------------------------------------------------------------------------------
@@ -459,15 +471,11 @@ def _rl_refusal(stage, recipe, shape, settings, batch, used, capacity, engine_bu
             + (f", the environment's engine {_gb(others)}" if others else "")
             + f"), {_gb(used - capacity)} over {_gb(capacity)}")
     room = capacity - engine_budget - others
-    checkpointed = dict(settings, checkpointing=True)
-    for smaller in (b for b in range(batch, 0, -1) if batch % b == 0):
-        if _grpo_memory(recipe, shape, smaller, checkpointed).total <= room:
-            changes = [] if settings["checkpointing"] else ["rl.grpo.gradient_checkpointing=true"]
-            if smaller != batch:
-                changes += [f"rl.grpo.per_device_train_batch_size={smaller}",
-                            f"rl.grpo.gradient_accumulation_steps={accumulation * batch // smaller}"]
-            same = " (the same rows a step)" if smaller != batch else ""
-            return f"{head}; set {' '.join(changes)}{same}"
+    changes = _change_that_fits(lambda rows, kept: _grpo_memory(recipe, shape, rows, kept).total, room, batch,
+                                accumulation, settings, "rl.grpo")
+    if changes is not None:
+        same = " (the same rows a step)" if any("per_device_train_batch_size" in c for c in changes) else ""
+        return f"{head}; set {' '.join(changes)}{same}"
     return (f"{head}; even one row with checkpointing does not fit beside the engines: lower "
             f"rl.grpo.vllm_gpu_memory_utilization or rl.grpo.vllm_max_model_length, or serve the environment "
             f"(rl.environment: server)")
