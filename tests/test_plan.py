@@ -245,3 +245,17 @@ def test_an_in_process_environment_engine_is_counted_on_gpu_0():
     (summed,) = [row for row in rows if row.process == "all of the above, summed"]
     assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + 40e9)
     assert summed.problem and "the environment's engine 40.0 GB" in summed.problem
+
+
+def test_a_gpu_that_holds_only_environment_engines_is_refused_for_them_alone():
+    """rl.environment recipe with two tensor-parallel-4 engines (the 32B teacher and an 8B writer, each at 0.85 of
+    GPUs 0-3): GPUs 1-3 hold no GRPO rank and no TRL engine, so their refusal counts and names the environment's
+    engines only."""
+    plan = make_plan(RL_4B, ["rl.environment=recipe", "roles.writer={backend: vllm, model: Qwen/Qwen3-8B}"])
+    problems = [p for p in plan.problems if p.startswith("rl consolidator: GPU ")]
+    assert [p.split(" holds ")[0] for p in problems] == [f"rl consolidator: GPU {gpu}" for gpu in range(4)]
+    for problem in problems[1:]:
+        assert "holds 136.0 GB (the environment's engine 136.0 GB), 56.0 GB over 80.0 GB" in problem
+        assert problem.endswith("lower backend.gpu_memory_utilization or serve the environment "
+                                "(rl.environment: server)")
+    assert "the GRPO step at 8 x 8192 tokens 41.7 GB, TRL's colocated engine 24.0 GB" in problems[0]

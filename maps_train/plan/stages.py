@@ -388,10 +388,10 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
             f"({batch} x {context} tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), logits "
             f"{_gb(need.logits)} ({batch} x {rl.max_completion_tokens} completion tokens)")
     colocated = rl.rollout == "vllm" and grpo.get("vllm_mode", "colocate") == "colocate"
-    policy_engine = EngineSpec(recipe.train.student, 0, replace(recipe.backend, max_model_len=context,
-                                                                tensor_parallel_size=1), batch)
     environment = _environment_engines(recipe)
     if not on_gpu:
+        policy_engine = EngineSpec(recipe.train.student, 0, replace(recipe.backend, max_model_len=context,
+                                                                    tensor_parallel_size=1), batch)
         rows = [_host_row(stage, process, need.total, hardware, note)]
         host = need.total
         labelled = ([(stage, policy_engine)] if colocated else []) + [(f"{stage} (environment)", e) for e in environment]
@@ -403,7 +403,6 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
         return rows
     capacity = hardware.gpu_memory_gb * GB
     rows = [Row(stage, process, "each training GPU", need.total, capacity, note)]
-    per_gpu = {0: need.total}
     engine_budget = 0.0
     if colocated:
         utilization = float(grpo.get("vllm_gpu_memory_utilization", 0.3))
@@ -421,18 +420,21 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
                         engine.needed, engine_budget, f"weights {_gb(engine.weights)}, KV {_gb(engine.kv_per_sequence)} "
                         f"per {context}-token sequence: {engine.full_sequences} full-length sequences at once",
                         problem))
-        per_gpu[0] += engine_budget
+    environment_on: dict[int, float] = {}  # what the environment's engines take of each GPU
     for spec in environment:
         engine_rows_, taken = engine_rows(f"{stage} (environment)", spec, hardware)
         rows += engine_rows_
         for gpu, used in taken.items():
-            per_gpu[gpu] = per_gpu.get(gpu, 0.0) + used
-    for gpu, used in sorted(per_gpu.items()):
+            environment_on[gpu] = environment_on.get(gpu, 0.0) + used
+    for gpu in sorted({0, *environment_on}):
+        # the rank and TRL's engine sit on GPU 0 (on each training GPU); the environment where its engines are
+        rank, colocated_on = (need.total, engine_budget) if gpu == 0 else (0.0, 0.0)
+        others = environment_on.get(gpu, 0.0)
+        used = rank + colocated_on + others
         where = "each training GPU" if gpu == 0 and not environment else f"GPU {gpu}"
         problem = None
         if used > capacity:
-            problem = _rl_refusal(stage, recipe, shape, settings, batch, used, capacity, engine_budget,
-                                  used - need.total - engine_budget, where)
+            problem = _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, colocated_on, others)
         rows.append(Row(stage, "all of the above, summed", where, used, capacity, "", problem))
     return rows
 
@@ -460,16 +462,18 @@ def _environment_engines(recipe: Recipe) -> list[EngineSpec]:
     return [EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)]
 
 
-def _rl_refusal(stage, recipe, shape, settings, batch, used, capacity, engine_budget, others, where) -> str:
-    """By how much a training GPU is over, and the first change that fits: checkpointing, then fewer rows a
-    device (the same rows a step through gradient accumulation), then a smaller colocated engine."""
-    grpo = recipe.rl.grpo
-    accumulation = int(grpo.get("gradient_accumulation_steps", 1))
-    head = (f"{stage}: {where} holds {_gb(used)} (the GRPO step at {batch} x {settings['max_length']} tokens "
-            f"{_gb(used - engine_budget - others)}"
-            + (f", TRL's colocated engine {_gb(engine_budget)}" if engine_budget else "")
-            + (f", the environment's engine {_gb(others)}" if others else "")
-            + f"), {_gb(used - capacity)} over {_gb(capacity)}")
+def _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, engine_budget, others) -> str:
+    """By how much a GPU is over (the GRPO rank `rank`, TRL's engine and the environment's engines `others`
+    summed), and the first change that fits: checkpointing, then fewer rows a device (the same rows a step through
+    gradient accumulation), then smaller engines. A GPU without the rank holds environment engines only."""
+    used = rank + engine_budget + others
+    parts = ([f"the GRPO step at {batch} x {settings['max_length']} tokens {_gb(rank)}"] if rank else []) + \
+            ([f"TRL's colocated engine {_gb(engine_budget)}"] if engine_budget else []) + \
+            ([f"the environment's engine {_gb(others)}"] if others else [])
+    head = f"{stage}: {where} holds {_gb(used)} ({', '.join(parts)}), {_gb(used - capacity)} over {_gb(capacity)}"
+    if not rank:
+        return f"{head}; lower backend.gpu_memory_utilization or serve the environment (rl.environment: server)"
+    accumulation = int(recipe.rl.grpo.get("gradient_accumulation_steps", 1))
     room = capacity - engine_budget - others
     changes = _change_that_fits(lambda rows, kept: _grpo_memory(recipe, shape, rows, kept).total, room, batch,
                                 accumulation, settings, "rl.grpo")
