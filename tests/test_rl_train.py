@@ -33,8 +33,8 @@ MAX_STEPS = 2
 WEIGHTS = "adapter_model.safetensors"
 
 
-def write_world(tmp_path: Path, adapters_dir: Path, questions: int = 2) -> Path:
-    demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:questions]]
+def write_world(tmp_path: Path, adapters_dir: Path, question_count: int = 2) -> Path:
+    demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:question_count]]
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({**row, "golden_answers": ["e", "o", "s"]}) + "\n" for row in demo))
     recipe = {
@@ -68,7 +68,7 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     distilled = Path(make_lora_adapters(tiny_qwen3, ["consolidator"])["consolidator"])
     # 3 questions, one a step: MAX_STEPS ends inside the first epoch, where a Trainer resumed at its last step
     # would go on for one more (at an epoch's end it would stop).
-    recipe = write_world(tmp_path, distilled.parent, questions=3)
+    recipe = write_world(tmp_path, distilled.parent, question_count=3)
     command = [sys.executable, "-m", "maps_train.cli", "rl", str(recipe)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
     # trainer_state.json is among the last files a checkpoint writes: its presence means the checkpoint is usable.
