@@ -27,6 +27,8 @@ from maps_train.llm.types import Backend, ChatRequest, Completion, PromptShrinke
 from maps_train.questions import Question
 from maps_train.recipe import Recipe, SamplingConfig
 from maps_train.records.answer import Cost
+from maps_train.records.credit import compute_credit
+from maps_train.records.evidence import GoldPassage, gold_evidence, needs_passage_text
 from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
 
@@ -46,6 +48,22 @@ class QuestionRun:
     # Batched searches this question took part in: one per `Engine.search` call that held at least one of its
     # queries. The one stop-round count every method shares (a method's own `rounds` counts its turns).
     retrieval_rounds: int = 0
+    # The retrieved passages by id, kept only when a gold passage is known by title and text alone (the trace keeps
+    # ids): the credit matches them when the trace is written.
+    passages: dict[str, Hit] = field(default_factory=dict)
+    _gold: list[GoldPassage] | None = field(default=None, repr=False)
+
+    @property
+    def gold(self) -> list[GoldPassage]:
+        """The question's gold passages (`records.evidence.gold_evidence`), read once."""
+        if self._gold is None:
+            self._gold = gold_evidence(self.question.metadata)
+        return self._gold
+
+    def saw(self, hits: list[Hit]) -> None:
+        """Remember `hits` where the credit will need their text."""
+        if needs_passage_text(self.gold):
+            self.passages.update((hit.id, hit) for hit in hits)
 
     @property
     def current(self) -> RoundRecord:
@@ -56,7 +74,7 @@ class QuestionRun:
         return self.rounds[-1]
 
     def to_trace(self, method: str, config_digest: str) -> TraceRecord:
-        return TraceRecord(
+        trace = TraceRecord(
             question_id=self.question.id,
             question=self.question.question,
             dataset=self.question.dataset,
@@ -72,6 +90,8 @@ class QuestionRun:
             cost=self.cost.rounded(),
             retrieval_rounds=self.retrieval_rounds,
         )
+        trace.credit = compute_credit(trace, self.gold, self.passages)
+        return trace
 
 
 @dataclass
@@ -281,6 +301,7 @@ class Engine:
         hit_lists = []
         for run, query in requests:
             hits = list(by_query[query])[:k]
+            run.saw(hits)
             run.cost.add_search(1, len(hits), share)
             hit_lists.append(hits)
         return hit_lists

@@ -219,6 +219,9 @@ class TraceRecord:
     cost: Cost = field(default_factory=Cost)  # as in answers.jsonl
     # Batched searches the question took part in (see `AnswerRecord.retrieval_rounds`); None in older traces.
     retrieval_rounds: int | None = None
+    # What each call contributed towards the gold passages and the answer (`records.credit`), computed when the trace
+    # is written; None in traces written before it was recorded.
+    credit: dict[str, Any] | None = None
     schema_version: int = TRACE_SCHEMA_VERSION
 
     @property
@@ -286,6 +289,7 @@ class TraceRecord:
             parse_failures=dict(failures),
             cost=Cost.from_dict(_get(data, "cost", dict, "", {}) or {}, "cost", TraceFormatError),
             retrieval_rounds=_get(data, "retrieval_rounds", int, "", None),
+            credit=_get(data, "credit", dict, "", None),
             schema_version=version,
         )
 

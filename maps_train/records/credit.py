@@ -1,0 +1,120 @@
+"""Credit per role: what each call of a trace contributed towards the question's gold passages and answer.
+
+An outcome (the final answer right or wrong) says nothing about which of a question's ten or twenty calls earned
+it. Where the question names its gold passages (`records.evidence.gold_evidence`: by corpus id, else by
+FlashRAG-normalised title and text), each call can be credited on its own:
+
+- every searched sub-query (`queries`): the gold passages its hits held, and how many of them no earlier search of
+  the question had found (`new`): a query that re-finds known gold adds nothing;
+- a writer call: the same over the sub-queries it wrote (MAPS: the i-th writer call of a round wrote the round's
+  i-th sub-query; the no-directions ablation's one writer call wrote them all);
+- a proposer call: the same over the sub-queries written for its directions (the round's);
+- a consolidator call: whether it stopped (`sufficient`) or went on, whether the gold found by the searches so far
+  (this round's included: the evidence it read) was complete, and whether the decision was right: stop when the
+  gold is complete, go on when it is not. A question without gold passages leaves `right` null;
+- the answer call: Cover-EM, EM and F1 of the final answer (letter accuracy for a choice question).
+
+The credit is computed when a trace is written (`agents.engine`, which knows the question's metadata and the
+retrieved passages' text) and stored in `TraceRecord.credit`, one entry per call in `TraceRecord.all_calls()`
+order, so `sft-data`, `rl` and `analyze` read it from the trace alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from maps_train.records.evidence import GoldPassage, PassageText, found
+from maps_train.records.metrics import score_answer
+from maps_train.records.trace import RoleCall, TraceRecord
+
+CREDIT_VERSION = 1
+SEARCH_ROLES = ("writer",)  # the roles whose calls write sub-queries
+DIRECTION_ROLES = ("proposer",)
+
+
+def _hits_gold(gold: Sequence[GoldPassage], passage_ids: Sequence[str], passages: Mapping[str, PassageText]) -> set[int]:
+    """Indices of the gold passages among `passage_ids`."""
+    return {i for i, g in enumerate(gold) if found(g, passage_ids, passages)}
+
+
+def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
+                   passages: Mapping[str, PassageText] | None = None) -> dict[str, Any]:
+    """The credit of every search and call of `trace` against `gold` (see the module docstring)."""
+    passages = passages or {}
+    known: set[int] = set()  # gold found by the searches so far, in search order
+    queries: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for round_ in trace.rounds:
+        round_queries = []
+        for position, hits in enumerate(round_.retrieved):
+            hit_gold = _hits_gold(gold, hits.passage_ids, passages)
+            new = hit_gold - known
+            known |= hit_gold
+            entry = {"round": round_.index, "position": position, "gold": sorted(hit_gold), "new": len(new)}
+            queries.append(entry)
+            round_queries.append(entry)
+        writers = [call for call in round_.calls if call.role in SEARCH_ROLES]
+        writer_queries = _writer_queries(writers, round_queries)
+        for call in round_.calls:
+            if call.role in SEARCH_ROLES:
+                calls.append(_search_credit(call, round_.index, writer_queries.pop(0)))
+            elif call.role in DIRECTION_ROLES:
+                calls.append(_search_credit(call, round_.index, round_queries))
+            elif call.role == "consolidator":
+                calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold)))
+            else:
+                calls.append({"role": call.role, "round": round_.index})
+    if trace.final_call is not None:
+        calls.append({"role": trace.final_call.role, "round": 0, **answer_scores(trace)})
+    return {"version": CREDIT_VERSION, "gold": len(gold), "found": len(known), "queries": queries, "calls": calls}
+
+
+def _writer_queries(writers: list[RoleCall], round_queries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The round's sub-queries each writer call wrote: one each when there are as many calls as queries (MAPS),
+    all of them for one call (the no-directions ablation), else none (a method whose calls and searches do not
+    pair)."""
+    if len(writers) == len(round_queries):
+        return [[entry] for entry in round_queries]
+    if len(writers) == 1:
+        return [list(round_queries)]
+    return [[] for _ in writers]
+
+
+def _search_credit(call: RoleCall, round_index: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    hit_gold = sorted({g for entry in entries for g in entry["gold"]})
+    return {"role": call.role, "round": round_index, "queries": len(entries), "gold": hit_gold,
+            "new": sum(entry["new"] for entry in entries)}
+
+
+def _decision_credit(call: RoleCall, round_index: int, sufficient: bool | None, known: int,
+                     total: int) -> dict[str, Any]:
+    stopped = bool(sufficient)
+    complete = total > 0 and known == total
+    right = None if total == 0 else (stopped == complete)
+    return {"role": call.role, "round": round_index, "stopped": stopped, "parsed": call.parse_ok,
+            "covered": known / total if total else None, "complete": complete if total else None, "right": right}
+
+
+def answer_scores(trace: TraceRecord) -> dict[str, float]:
+    """Cover-EM, EM and F1 of the trace's final answer (`metrics.score_answer`, evaluation's scoring)."""
+    mode = "choice" if trace.options else "short"
+    scores = score_answer(trace.final_answer, trace.golden_answers, mode, trace.options)
+    return {"cover_em": scores["cover_em"], "em": scores["em"], "f1": round(scores["f1"], 6)}
+
+
+def call_credits(trace: TraceRecord) -> list[tuple[RoleCall, dict[str, Any] | None]]:
+    """Each call of `trace` (`all_calls()` order) with its credit; None for every call of a trace written without
+    credit, or whose credit does not pair with its calls (a hand-edited trace)."""
+    calls = trace.all_calls()
+    entries = (trace.credit or {}).get("calls")
+    if not isinstance(entries, list) or len(entries) != len(calls):
+        return [(call, None) for call in calls]
+    return [(call, entry if entry.get("role") == call.role else None) for call, entry in zip(calls, entries)]
+
+
+def has_gold(trace: TraceRecord) -> bool:
+    return bool(trace.credit) and int(trace.credit.get("gold", 0)) > 0
+
+
+__all__ = ["CREDIT_VERSION", "answer_scores", "call_credits", "compute_credit", "has_gold"]

@@ -1,0 +1,119 @@
+"""Credit per role, counted by hand on hand-built MAPS traces: which gold passages each sub-query, writer and
+proposer call found and how many were new, whether each consolidator's stop-or-continue was right, the answer's
+EM and F1; gold matched by corpus id and by title and text; then the real MAPS engine writing it into its traces."""
+
+from __future__ import annotations
+
+import json
+
+from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
+
+from maps_train.agents.runner import run_method
+from maps_train.questions import Question
+from maps_train.recipe import load_recipe
+from maps_train.records.credit import call_credits, compute_credit
+from maps_train.records.evidence import gold_evidence
+from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, SubQueryHits, TraceRecord, iter_traces
+from maps_train.retrieval.base import Hit
+
+GOLD = gold_evidence({"supporting_paragraphs": [
+    {"title": "Gustave Eiffel", "text": "Gustave Eiffel was born in Dijon.", "corpus_id": "p4"},
+    {"title": "Dijon", "text": "Dijon is in Burgundy.", "corpus_id": "p5"},
+]})
+
+
+def call(role: str, parsed: dict | None = None, ok: bool = True) -> RoleCall:
+    return RoleCall(role=role, messages=[{"role": "user", "content": role}], raw_text="{}", parsed=parsed or {},
+                    parse_ok=ok, usage=CallUsage())
+
+
+def maps_round(index: int, hits: list[list[str]], sufficient: bool) -> RoundRecord:
+    calls = [call("proposer")] + [call("writer") for _ in hits] + [call("consolidator")]
+    return RoundRecord(index=index, calls=calls, sub_queries=[f"q{index}.{n}" for n in range(len(hits))],
+                       retrieved=[SubQueryHits(f"q{index}.{n}", ids) for n, ids in enumerate(hits)],
+                       sufficient=sufficient)
+
+
+def maps_trace(rounds: list[RoundRecord], answer: str = "Dijon") -> TraceRecord:
+    return TraceRecord(question_id="q", question="Where was Eiffel born?", dataset="toy", method="maps",
+                       config_digest="d", rounds=rounds, stop_reason="sufficient", final_call=call("answer"),
+                       final_answer=answer, golden_answers=["Dijon"])
+
+
+def test_credit_by_corpus_id_counted_by_hand():
+    # Round 1: writer 0 finds p4 (new), writer 1 finds p4 again (not new), writer 2 nothing; the consolidator goes
+    # on with 1 of 2 gold found: right. Round 2: writer 0 finds p5 (new) and p4 (known); the consolidator stops
+    # with 2 of 2: right.
+    trace = maps_trace([maps_round(1, [["p1", "p4"], ["p4"], ["p9"]], sufficient=False),
+                        maps_round(2, [["p5", "p4"], ["p2"], ["p3"]], sufficient=True)])
+    credit = compute_credit(trace, GOLD)
+    assert credit["gold"] == 2 and credit["found"] == 2
+    assert [(q["gold"], q["new"]) for q in credit["queries"]] == [
+        ([0], 1), ([0], 0), ([], 0), ([0, 1], 1), ([], 0), ([], 0)]
+    by_call = [entry for _, entry in call_credits(_with(trace, credit))]
+    roles = [entry["role"] for entry in by_call]
+    assert roles == ["proposer", "writer", "writer", "writer", "consolidator"] * 2 + ["answer"]
+    proposer1, w10, w11, w12, cons1, proposer2, w20, _, _, cons2, answer = by_call
+    assert (proposer1["gold"], proposer1["new"]) == ([0], 1)
+    assert (w10["new"], w11["new"], w12["new"]) == (1, 0, 0) and w11["gold"] == [0]
+    assert (proposer2["gold"], proposer2["new"], w20["new"]) == ([0, 1], 1, 1)
+    assert (cons1["stopped"], cons1["covered"], cons1["complete"], cons1["right"]) == (False, 0.5, False, True)
+    assert (cons2["stopped"], cons2["covered"], cons2["complete"], cons2["right"]) == (True, 1.0, True, True)
+    assert (answer["em"], answer["f1"], answer["cover_em"]) == (1.0, 1.0, 1.0)
+
+
+def test_wrong_decisions_and_a_partial_answer():
+    # Stopping after round 1 with 1 of 2 gold is wrong; going on after both are found would be wrong as well.
+    early = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=True)], answer="Dijon France"), GOLD)
+    consolidator, answer = early["calls"][-2:]
+    assert consolidator["right"] is False and consolidator["covered"] == 0.5
+    assert answer["em"] == 0.0 and answer["cover_em"] == 1.0 and abs(answer["f1"] - 2 / 3) < 1e-6
+    late = compute_credit(maps_trace([maps_round(1, [["p4", "p5"]], sufficient=False),
+                                      maps_round(2, [["p1"]], sufficient=True)]), GOLD)
+    decisions = [c for c in late["calls"] if c["role"] == "consolidator"]
+    # Going on with every gold passage found is wrong; stopping in round 2 (all still found) is right.
+    assert [d["right"] for d in decisions] == [False, True]
+
+
+def test_no_gold_leaves_decisions_unjudged():
+    credit = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=True)]), [])
+    consolidator = credit["calls"][-2]
+    assert credit["gold"] == 0 and consolidator["right"] is None and consolidator["covered"] is None
+
+
+def test_gold_by_title_and_text_needs_the_passages():
+    gold = gold_evidence({"supporting_facts": {"title": ["Dijon"], "sent_id": [0]},
+                          "context": {"title": ["Dijon"], "sentences": [["Dijon is in Burgundy."]]}})
+    trace = maps_trace([maps_round(1, [["c7"]], sufficient=True)])
+    assert compute_credit(trace, gold)["found"] == 0  # ids alone cannot match a gold known by text
+    passages = {"c7": Hit("c7", "Dijon", "Dijon is in Burgundy. It has mustard.", 1.0)}
+    assert compute_credit(trace, gold, passages)["queries"][0] == {"round": 1, "position": 0, "gold": [0], "new": 1}
+
+
+def test_a_trace_without_credit_has_none_per_call():
+    trace = maps_trace([maps_round(1, [["p4"]], sufficient=True)])
+    assert all(entry is None for _, entry in call_credits(trace))
+
+
+def _with(trace: TraceRecord, credit: dict) -> TraceRecord:
+    trace.credit = credit
+    return TraceRecord.from_dict(trace.to_dict())  # through the file format
+
+
+def test_the_maps_engine_writes_credit_into_its_traces(tmp_path):
+    recipe = load_recipe(None, ["agent.num_directions=2", "agent.max_rounds=2"])
+    question = Question(id="q1", question="Where was Gustave Eiffel born?", golden_answers=["Dijon"],
+                        metadata={"supporting_paragraphs": [
+                            {"title": "Gustave Eiffel", "text": "Gustave Eiffel was born in Dijon.", "corpus_id": "p1"}]})
+    passages = [Hit("p1", "Gustave Eiffel", "Gustave Eiffel was born in Dijon.", 0.0),
+                Hit("p2", "Lyon", "Lyon is on the Rhone.", 0.0)]
+    backend = ScriptedBackend({"consolidator": consolidator_sufficient_after(1),
+                               "answer": lambda request, turn: json.dumps({"answer": "Dijon"})})
+    run_method(recipe, [question], tmp_path, backend=backend, retriever=RecordingRetriever(passages), progress=False)
+    [(_, trace)] = list(iter_traces(tmp_path / "traces.jsonl"))
+    assert trace.credit is not None and trace.credit["gold"] == 1 and trace.credit["found"] == 1
+    credits = call_credits(trace)
+    assert [c.role for c, _ in credits] == ["proposer", "writer", "writer", "consolidator", "answer"]
+    assert all(entry is not None for _, entry in credits)
+    assert sum(entry["new"] for call, entry in credits if call.role == "writer") == 1
+    assert credits[3][1]["right"] is True and credits[-1][1]["em"] == 1.0
