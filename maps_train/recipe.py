@@ -210,6 +210,11 @@ class SFTDataConfig:
         },
         metadata={"check": check_adapter_roles},
     )
+    # "trace": keep or drop a whole sample by its outcome (require_correct, require_parsed); "role": keep each call's
+    # row by its own credit (`records.credit`: a writer or proposer row whose queries found new gold, a consolidator
+    # row whose stop-or-continue was right, an answer row with F1 >= min_answer_f1), its own parse for require_parsed.
+    filter: Literal["trace", "role"] = "trace"
+    min_answer_f1: float = 1.0  # with filter "role": 1.0 keeps exact answers only
     require_correct: bool = True
     require_parsed: bool = True
     max_prompt_tokens: int | None = None  # token caps count with `tokenizer`: only then does the template matter
@@ -227,6 +232,8 @@ class SFTDataConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if not 0.0 <= self.min_answer_f1 <= 1.0:
+            raise ValueError(f"min_answer_f1 must be in [0, 1], got {self.min_answer_f1}")
 
 
 # Our defaults for `train.sft` (keyword arguments of trl.SFTConfig) and `train.lora` (of peft.LoraConfig); a recipe
@@ -583,6 +590,8 @@ def sft_set_settings(recipe: Recipe) -> dict[str, Any]:
     sizes still share one set."""
     config = recipe.sft_data
     settings: dict[str, Any] = {name: getattr(config, name) for name in SFT_ROW_SETTINGS}
+    if config.filter != "trace":  # only then: the sets of recipes written before the role filter keep their folder
+        settings.update(filter=config.filter, min_answer_f1=config.min_answer_f1)
     # sft-data drops rows longer than train.sft.max_length (TRL would cut their completion), counted with the
     # student's template: then both decide the rows. Students with one tokenizer and max_length share a set.
     max_length = recipe.train.sft.get("max_length")

@@ -117,3 +117,45 @@ def test_the_maps_engine_writes_credit_into_its_traces(tmp_path):
     assert all(entry is not None for _, entry in credits)
     assert sum(entry["new"] for call, entry in credits if call.role == "writer") == 1
     assert credits[3][1]["right"] is True and credits[-1][1]["em"] == 1.0
+
+
+def test_sft_data_keeps_rows_by_role_credit_counted_by_hand(tmp_path):
+    from maps_train.traces.sft import build_sft_sets
+
+    # Sample 1 (answer right): round 1 writer 0 finds p4 (new), writer 1 re-finds it, the consolidator goes on
+    # (right); round 2 writer 0 finds p5 (new), writer 1 nothing, the consolidator stops with both (right).
+    # Sample 2 (answer wrong): one round whose writer 0 finds p4 (new to this sample) and a consolidator that stops
+    # with 1 of 2 (wrong). Rows by hand: proposer 2 rounds + 1 = 3 kept; writer 1 + 1 + 1 = 3 kept, 2 dropped;
+    # consolidator 2 kept, 1 dropped; answer 1 kept (F1 1), 1 dropped (F1 0). Writer rows: sample 1 keeps 2 of 4,
+    # sample 2 1 of 2.
+    right = maps_trace([maps_round(1, [["p4"], ["p4"]], sufficient=False),
+                        maps_round(2, [["p5"], ["p1"]], sufficient=True)], answer="Dijon")
+    wrong = maps_trace([maps_round(1, [["p4"], ["p2"]], sufficient=True)], answer="Lyon")
+    # A question without gold passages: its search and stop rows cannot be judged; its answer row can.
+    nogold = maps_trace([maps_round(1, [["p4"], ["p2"]], sufficient=True)], answer="Dijon")
+    nogold.question_id, nogold.question = "n", "Another question"
+    lines = []
+    for n, (trace, gold) in enumerate([(right, GOLD), (wrong, GOLD), (nogold, [])]):
+        trace.credit = compute_credit(trace, gold)
+        # distinct completions so that no row is a duplicate of another sample's
+        for k, c in enumerate(trace.all_calls()):
+            c.raw_text = json.dumps({"sample": n, "call": k})
+        lines.append(json.dumps(trace.to_dict()))
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("\n".join(lines) + "\n")
+    recipe = load_recipe(None, ["sft_data.filter=role", "sft_data.tokenizer=null", "sft_data.max_samples_per_question=null",
+                                "train.student=builtin:tiny-qwen3", f"sft_data.out_dir={tmp_path / 'sft'}"])
+    stats = build_sft_sets(recipe, traces_dir=str(traces))
+    assert stats.examples == {"proposer": 3, "writer": 3, "consolidator": 4}  # consolidator adapter: 2 + 2 answers
+    rules = stats.to_dict()["credit_rules"]
+    assert rules["new_gold"]["writer"] == {"kept": 3, "dropped": 5}  # 3 without new gold + the no-gold question's 2
+    assert rules["new_gold"]["proposer"] == {"kept": 3, "dropped": 1}
+    assert rules["right_decision"]["consolidator"] == {"kept": 2, "dropped": 2}
+    assert rules["answer_f1"]["answer"] == {"kept": 2, "dropped": 1}
+    assert stats.rows["writer"]["no_new_gold"] == 3 and stats.rows["writer"]["no_gold"] == 2
+    assert stats.rows["consolidator"]["wrong_decision"] == 1 and stats.rows["answer"]["wrong_answer"] == 1
+    saved = json.loads((tmp_path / "sft" / "stats.json").read_text())
+    assert saved["credit_rules"] == rules
+    kept_writers = [json.loads(line) for line in (tmp_path / "sft" / "writer" / "train.jsonl").read_text().splitlines()]
+    assert [json.loads(r["completion"][0]["content"]) for r in kept_writers] == [
+        {"sample": 0, "call": 1}, {"sample": 0, "call": 5}, {"sample": 1, "call": 1}]

@@ -17,6 +17,21 @@ renders prompt and completion together (`over_max_length`, see `SFTSetBuilder.fi
     {"prompt": [messages exactly as the teacher saw them], "completion": [{"role": "assistant", "content": raw}],
      "chat_template_kwargs": {"enable_thinking": false}, "question_id": ..., "role": ...}
 
+With `sft_data.filter: role` the samples are not judged whole: each call's row is kept by its own credit
+(`records.credit`, recorded in the trace), so one bad call does not cost a question its good ones and a lucky answer
+does not carry its bad calls (rejection sampling per role, `credit_verdict`):
+
+- writer and proposer rows whose sub-queries found gold no earlier search of the question had (`new_gold`;
+  dropped as `no_new_gold`);
+- consolidator rows whose stop-or-continue was right for the gold found so far (`right_decision`; dropped as
+  `wrong_decision`);
+- answer rows whose F1 is at least `sft_data.min_answer_f1` (`answer_f1`; dropped as `wrong_answer`);
+- with `require_parsed`, a call whose own output did not parse is dropped (`unparsed`); a question without gold
+  passages cannot judge the search and stop rows (`no_gold`), and a trace written without credit none (`no_credit`).
+
+The cap counts a sample as kept when one of its rows was. `stats.json`'s `credit_rules` counts, per rule and role,
+the rows kept and dropped.
+
 `chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
 not rendered text: each student's chat template renders them when it trains, so every student of a teacher reads
 the same set (by default `<traces>/sft/<hash of the row settings>/`, `maps_train.recipe.sft_set_dir`; the
@@ -43,6 +58,7 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
+from maps_train.records.credit import call_credits
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
@@ -63,6 +79,8 @@ class SFTStats:
     prompt_tokens: Counter = field(default_factory=Counter)  # role -> tokens
     completion_tokens: Counter = field(default_factory=Counter)
     bad_lines: list[str] = field(default_factory=list)
+    # filter "role": rule -> role -> "kept" | "dropped" -> rows
+    credit_rules: dict[str, dict[str, Counter]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Counter)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +94,8 @@ class SFTStats:
             "prompt_tokens": dict(self.prompt_tokens),
             "completion_tokens": dict(self.completion_tokens),
             "bad_lines": self.bad_lines[:50],
+            "credit_rules": {rule: {role: dict(counts) for role, counts in sorted(roles.items())}
+                             for rule, roles in sorted(self.credit_rules.items())},
         }
 
     def table(self) -> str:
@@ -88,6 +108,10 @@ class SFTStats:
         lines += ["| role | kept rows |" + "".join(f" {r} |" for r in reasons), "|---|---:|" + "---:|" * len(reasons)]
         lines += [f"| {role} | {counts[KEPT]} |" + "".join(f" {counts[r]} |" for r in reasons)
                   for role, counts in sorted(self.rows.items())]
+        if self.credit_rules:
+            lines += ["| credit rule | role | kept | dropped |", "|---|---|---:|---:|"]
+            lines += [f"| {rule} | {role} | {counts['kept']} | {counts['dropped']} |"
+                      for rule, roles in sorted(self.credit_rules.items()) for role, counts in sorted(roles.items())]
         lines += ["| role | prompt tokens | completion tokens |", "|---|---:|---:|"]
         lines += [f"| {role} | {self.prompt_tokens[role]} | {self.completion_tokens[role]} |"
                   for role in sorted(set(self.prompt_tokens) | set(self.completion_tokens))]
@@ -132,7 +156,22 @@ def completion_text(call: RoleCall, enable_thinking: bool) -> str:
 
 def sft_row(messages: list[dict[str, str]], completion: str, enable_thinking: bool, question_id: str,
             role: str) -> dict[str, Any]:
-    """One TRL conversational prompt-completion row; `chat_template_kwargs` makes training render the prompt the
+    """One TRL conversational prompt-completion row; With `sft_data.filter: role` the samples are not judged whole: each call's row is kept by its own credit
+(`records.credit`, recorded in the trace), so one bad call does not cost a question its good ones and a lucky answer
+does not carry its bad calls (rejection sampling per role, `credit_verdict`):
+
+- writer and proposer rows whose sub-queries found gold no earlier search of the question had (`new_gold`;
+  dropped as `no_new_gold`);
+- consolidator rows whose stop-or-continue was right for the gold found so far (`right_decision`; dropped as
+  `wrong_decision`);
+- answer rows whose F1 is at least `sft_data.min_answer_f1` (`answer_f1`; dropped as `wrong_answer`);
+- with `require_parsed`, a call whose own output did not parse is dropped (`unparsed`); a question without gold
+  passages cannot judge the search and stop rows (`no_gold`), and a trace written without credit none (`no_credit`).
+
+The cap counts a sample as kept when one of its rows was. `stats.json`'s `credit_rules` counts, per rule and role,
+the rows kept and dropped.
+
+`chat_template_kwargs` makes training render the prompt the
     way vLLM renders it at serving time."""
     return {
         "prompt": messages,
@@ -203,6 +242,9 @@ class SFTSetBuilder:
 
     def add(self, trace: TraceRecord) -> None:
         self.stats.traces += 1
+        if self.config.filter == "role":
+            self._add_by_role(trace)
+            return
         calls = [call for call in trace.all_calls() if call.role in self.role_to_adapter]  # the trained roles
         reason = self._rejection(trace, calls)
         if reason is not None:
@@ -213,6 +255,33 @@ class SFTSetBuilder:
         self.stats.kept_traces += 1
         self.kept_per_question[_question_key(trace)] += 1
         for call in calls:
+            self._add_row(trace, call)
+
+    def _add_by_role(self, trace: TraceRecord) -> None:
+        """Rejection sampling per call, by its credit (see the module docstring)."""
+        config, key = self.config, _question_key(trace)
+        credits = [(call, entry) for call, entry in call_credits(trace) if call.role in self.role_to_adapter]
+        cap = config.max_samples_per_question
+        if cap is not None and self.kept_per_question[key] >= cap:
+            self.stats.rejects[OVER_CAP[0]] += 1
+            for call, _ in credits:
+                self.stats.rows[call.role][OVER_CAP[1]] += 1
+            return
+        passed = []
+        for call, entry in credits:
+            rule, reason = credit_verdict(call, entry, config.min_answer_f1, config.require_parsed,
+                                          has_gold=bool(trace.credit and trace.credit.get("gold")))
+            self.stats.credit_rules[rule][call.role]["dropped" if reason else "kept"] += 1
+            if reason:
+                self.stats.rejects[reason] += 1
+                self.stats.rows[call.role][reason] += 1
+            else:
+                passed.append(call)
+        if not passed:
+            return
+        self.stats.kept_traces += 1
+        self.kept_per_question[key] += 1
+        for call in passed:
             self._add_row(trace, call)
 
     def _rejection(self, trace: TraceRecord, calls: list[RoleCall]) -> tuple[str, str] | None:
@@ -275,6 +344,26 @@ class SFTSetBuilder:
             return True
         length = self.counter.row(messages, completion, self.kwargs)
         return length is None or length <= self.max_length
+
+
+def credit_verdict(call: RoleCall, entry: dict[str, Any] | None, min_answer_f1: float, require_parsed: bool,
+                   has_gold: bool) -> tuple[str, str | None]:
+    """(the rule that judges `call`'s row, the reason it is dropped or None when kept) by the call's credit."""
+    rule = {"writer": "new_gold", "proposer": "new_gold", "consolidator": "right_decision",
+            "answer": "answer_f1"}.get(call.role, "no_rule")
+    if require_parsed and not call.parse_ok:
+        return rule, "unparsed"
+    if rule == "no_rule":
+        return rule, None
+    if entry is None:
+        return rule, "no_credit"
+    if rule == "answer_f1":
+        return rule, None if float(entry.get("f1", 0.0)) >= min_answer_f1 else "wrong_answer"
+    if not has_gold:
+        return rule, "no_gold"
+    if rule == "new_gold":
+        return rule, None if int(entry.get("new", 0)) > 0 else "no_new_gold"
+    return rule, None if entry.get("right") is True else "wrong_decision"
 
 
 def _question_key(trace: TraceRecord) -> tuple[str, str]:
