@@ -19,6 +19,13 @@ TRAIN_RUNTIME_BYTES = 2 * GB
 # its profile run. vLLM measures the real figure when it starts; 3 GB covers the models shipped here at their
 # default max_num_batched_tokens.
 VLLM_RUNTIME_BYTES = 3 * GB
+# TRL's fused LM head (trl/kernels/chunked_logprob.py and trl/trainer/utils.py, TRL 1.16) projects through cuBLAS
+# tiles of TOKEN_CHUNK_SIZE positions x _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries, one tile buffer at a time.
+FUSED_HEAD_TILE_TOKENS = 4096
+FUSED_HEAD_TILE_VOCAB = 32768
+# fp32 values it keeps per scored position: 7 online-softmax statistics, the log-prob, entropy and is_top1 outputs
+# and their zero-filled scatter back to every position, and the log-prob's gradient.
+FUSED_HEAD_STATS = 12
 # faiss.StandardGpuResources reserves this much temporary memory on each GPU an index is cloned to (1.5 GiB).
 FAISS_TEMP_BYTES = 1536 * 2**20
 
@@ -46,11 +53,35 @@ def layer_activation_bytes(shape: ModelShape, lora_rank: int, lora_dropout: floa
 
 def activation_bytes_per_token(shape: ModelShape, lora_rank: int, lora_dropout: float, checkpointing: bool) -> int:
     """Without checkpointing every layer keeps its activations; with it (transformers checkpoints each decoder
-    layer) each layer keeps only its bf16 input, and one layer's activations exist again while it is recomputed."""
+    layer) each layer keeps only its bf16 input, and one layer's activations exist again while it is recomputed.
+    Either way the layer being differentiated also holds the gradients of its activations at the backward's peak
+    (as many bytes again as it stores: one more layer)."""
     layer = layer_activation_bytes(shape, lora_rank, lora_dropout)
     if checkpointing:
-        return shape.num_hidden_layers * BF16 * shape.hidden_size + layer
-    return shape.num_hidden_layers * layer
+        return shape.num_hidden_layers * BF16 * shape.hidden_size + 2 * layer
+    return (shape.num_hidden_layers + 1) * layer
+
+
+def fused_head_bytes(shape: ModelShape, *, tokens: int, scored: int, compute_bytes: int, triton: bool = True) -> float:
+    """What TRL's fused LM head allocates at its peak (the backward) for `scored` labelled positions out of `tokens`.
+
+    On CUDA (Triton present) `add_fused_lm_head` keeps only the labelled positions' hidden states
+    (`hidden_states[mask]`, a copy) and `ChunkedLogProbFunction` projects them through one reused
+    [min(scored, 4096), min(vocab, 32768)] tile in the compute dtype; no [tokens, vocab] logits tensor exists. Its
+    backward accumulates the hidden states' gradient in fp32 and casts it back to the compute dtype, and autograd
+    scatters that into a zero gradient of the whole backbone output (tokens x hidden). So:
+      tile:            min(scored, 4096) x min(vocab, 32768) x compute bytes
+      scored states:   scored x hidden x compute bytes (kept for the backward)
+      their gradient:  scored x hidden x (4 + compute bytes)
+      scattered back:  tokens x hidden x compute bytes
+      per position:    scored x 12 fp32 values (FUSED_HEAD_STATS)
+    Without Triton (the CPU: `train/lm_head.py` makes it compact there too) the tile is folded by torch ops, which
+    hold about 5 fp32 copies of it at once (`_backward_tile`: the fp32 tile, log_p, p, the gradient, a product).
+    The LM head itself is frozen (LoRA trains no embedding), so no [vocab, hidden] gradient is allocated."""
+    tile_elements = min(scored, FUSED_HEAD_TILE_TOKENS) * min(shape.vocab_size, FUSED_HEAD_TILE_VOCAB)
+    tile = tile_elements * (compute_bytes + (0 if triton else 5 * FP32))
+    states = scored * shape.hidden_size * (compute_bytes + FP32 + compute_bytes)
+    return tile + states + tokens * shape.hidden_size * compute_bytes + scored * FUSED_HEAD_STATS * FP32
 
 
 @dataclass(frozen=True)
@@ -58,20 +89,21 @@ class TrainMemory:
     weights: float
     lora_states: float
     activations: float
-    logits: float
+    lm_head: float  # TRL's fused LM head (`fused_head_bytes`): tiles, never the full logits
     runtime: float = TRAIN_RUNTIME_BYTES
 
     @property
     def total(self) -> float:
-        return self.weights + self.lora_states + self.activations + self.logits + self.runtime
+        return self.weights + self.lora_states + self.activations + self.lm_head + self.runtime
 
 
 def train_memory(shape: ModelShape, *, batch: int, max_length: int, lora_rank: int, lora_dropout: float,
-                 checkpointing: bool, bf16: bool, world: int, zero_stage: int) -> TrainMemory:
+                 checkpointing: bool, bf16: bool, world: int, zero_stage: int, scored: int | None = None,
+                 on_gpu: bool = True) -> TrainMemory:
     """One rank of LoRA SFT: the frozen base in bf16 (fp32 without bf16), the LoRA weights, gradients and Adam's
     two moments in fp32 (16 bytes a parameter), activations for batch x max_length tokens (every row padded to
-    max_length, the worst batch), and the logits as vocab x tokens in fp32 (TRL's fused LM head projects them in
-    tiles, so this is the upper bound). ZeRO-2 shards the LoRA gradients and Adam states over the ranks; ZeRO-3
+    max_length, the worst batch), and TRL's fused LM head over `scored` labelled positions (default: every token,
+    the worst case; `fused_head_bytes`). ZeRO-2 shards the LoRA gradients and Adam states over the ranks; ZeRO-3
     also the weights (plus one gathered layer)."""
     params = shape.parameters()
     weight_bytes = params * (BF16 if bf16 else FP32)
@@ -81,7 +113,9 @@ def train_memory(shape: ModelShape, *, batch: int, max_length: int, lora_rank: i
     lora_states = lora * FP32 + lora * 3 * FP32 / (world if zero_stage >= 2 else 1)
     tokens = batch * max_length
     per_token = activation_bytes_per_token(shape, lora_rank, lora_dropout, checkpointing)
-    return TrainMemory(weight_bytes, lora_states, tokens * per_token, tokens * shape.vocab_size * FP32)
+    head = fused_head_bytes(shape, tokens=tokens, scored=tokens if scored is None else scored,
+                            compute_bytes=BF16 if bf16 else FP32, triton=on_gpu)
+    return TrainMemory(weight_bytes, lora_states, tokens * per_token, head)
 
 
 def kv_bytes_per_token(shape: ModelShape, tensor_parallel: int) -> float:

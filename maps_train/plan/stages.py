@@ -15,6 +15,7 @@ host memory; its encoder on GPU 0; a training rank takes one GPU.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -300,13 +301,13 @@ def train_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     settings = dict(max_length=int(sft["max_length"]), lora_rank=int(lora["r"]),
                     lora_dropout=float(lora.get("lora_dropout", 0.0)),
                     checkpointing=bool(sft.get("gradient_checkpointing")), bf16=on_gpu and bool(sft.get("bf16")),
-                    world=world, zero_stage=zero)
+                    world=world, zero_stage=zero, on_gpu=on_gpu)
     batch = int(sft["per_device_train_batch_size"])
     need = memory.train_memory(shape, batch=batch, **settings)
     stage = f"train {', '.join(adapter_names(recipe))}"
     process = f"{world} x rank {recipe.train.student} LoRA r{settings['lora_rank']}" + (f" ZeRO-{zero}" if zero else "")
     note = (f"weights {_gb(need.weights)}, activations {_gb(need.activations)} ({batch} x {settings['max_length']} "
-            f"tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), logits {_gb(need.logits)}")
+            f"tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), fused LM head {_gb(need.lm_head)}")
     if not on_gpu:
         return [_host_row(stage, process, world * need.total, hardware, note)]
     budget = hardware.gpu_memory_gb * GB
@@ -324,7 +325,7 @@ def _train_refusal(stage, recipe, shape, need, budget, batch, settings) -> str:
     accumulation = int(recipe.train.sft.get("gradient_accumulation_steps", 1))
     head = (f"{stage}: {recipe.train.student} at batch {batch} x {settings['max_length']} tokens needs "
             f"{_gb(need.total)} a GPU, {_gb(need.total - budget)} over {_gb(budget)} (activations "
-            f"{_gb(need.activations)}, logits {_gb(need.logits)})")
+            f"{_gb(need.activations)}, fused LM head {_gb(need.lm_head)})")
     changes = _change_that_fits(lambda rows, kept: memory.train_memory(shape, batch=rows, **kept).total, budget,
                                 batch, accumulation, settings, "train.sft")
     if changes is not None:
@@ -368,7 +369,7 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
 
     The GRPO step: the student with its LoRA trained (fp32 weights, gradients, Adam) and, from a distilled adapter
     with beta > 0, TRL's frozen "ref" copy of it; activations for per_device_train_batch_size rows of the context
-    the prompts are fitted to (rl.grpo.vllm_max_model_length, else backend.max_model_len); logits of the scored
+    the prompts are fitted to (rl.grpo.vllm_max_model_length, else backend.max_model_len); TRL's fused LM head over the scored
     completion positions only. Beside it, TRL's colocated engine (rl.rollout vllm, vllm_mode colocate) takes
     vllm_gpu_memory_utilization of the GPU, and an in-process environment engine (rl.environment distilled: the
     student with its adapters; recipe: the recipe's vLLM routes) its own gpu_memory_utilization. An environment
@@ -380,13 +381,13 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     context = int(grpo.get("vllm_max_model_length") or recipe.backend.max_model_len)
     settings = dict(max_length=context, lora_rank=int(lora["r"]), lora_dropout=float(lora.get("lora_dropout", 0.0)),
                     checkpointing=bool(grpo.get("gradient_checkpointing")), bf16=on_gpu and bool(grpo.get("bf16")),
-                    world=1, zero_stage=0)
+                    world=1, zero_stage=0, on_gpu=on_gpu)
     need = _grpo_memory(recipe, shape, batch, settings)
     stage = f"rl {', '.join(rl.roles)}"
     process = f"GRPO rank {recipe.train.student} LoRA r{settings['lora_rank']}"
     note = (f"weights {_gb(need.weights)}, LoRA + ref {_gb(need.lora_states)}, activations {_gb(need.activations)} "
-            f"({batch} x {context} tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), logits "
-            f"{_gb(need.logits)} ({batch} x {rl.max_completion_tokens} completion tokens)")
+            f"({batch} x {context} tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), fused LM head "
+            f"{_gb(need.lm_head)} ({batch} x {rl.max_completion_tokens} completion tokens scored)")
     colocated = rl.rollout == "vllm" and grpo.get("vllm_mode", "colocate") == "colocate"
     environment = _environment_engines(recipe)
     if not on_gpu:
@@ -440,14 +441,15 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
 
 
 def _grpo_memory(recipe: Recipe, shape: ModelShape, batch: int, settings: dict) -> memory.TrainMemory:
-    """One GRPO rank: `train_memory`'s LoRA step, plus TRL's "ref" adapter, with logits of the completions only."""
+    """One GRPO rank: `train_memory`'s LoRA step, plus TRL's "ref" adapter; TRL's fused LM head scores the
+    completion positions only (GRPOTrainer labels the prompt -100)."""
     rl = recipe.rl
-    need = memory.train_memory(shape, batch=batch, **settings)
+    need = memory.train_memory(shape, batch=batch, scored=batch * min(rl.max_completion_tokens, settings["max_length"]),
+                               **settings)
     reference = 0.0
     if rl.init == "distilled" and float(rl.grpo.get("beta", 0.0)) > 0:  # a fresh LoRA's reference is the base
         reference = shape.lora_parameters(settings["lora_rank"]) * memory.FP32
-    return replace(need, lora_states=need.lora_states + reference,
-                   logits=batch * rl.max_completion_tokens * shape.vocab_size * memory.FP32)
+    return replace(need, lora_states=need.lora_states + reference)
 
 
 def _environment_engines(recipe: Recipe) -> list[EngineSpec]:
@@ -496,13 +498,18 @@ def with_hardware(hardware: HardwareConfig, gpus: int | None, gpu_memory_gb: flo
 
 
 def plan_recipe(recipe: Recipe, hardware: HardwareConfig, name: str, trains: bool = True,
-                reinforces: bool = False) -> Plan:
+                reinforces: bool = False, base: str | None = None) -> Plan:
     """Index, the agent on the recipe's routes (traces; eval of this recipe), and, when it `trains` (the file or
     its base writes a `train:` section), training and serving its student; when it `reinforces` (an `rl:`
-    section), the RL stage."""
+    section), the RL stage. A student overlay that changes nothing of its `base`'s index and agent (`base` given)
+    leaves those two to the base's own plan: they run once, from the base (`maps-train traces BASE`)."""
     plan = Plan(name, hardware)
-    plan.rows += index_rows(recipe, hardware)
-    plan.rows += agent_stage("traces/eval", [recipe], hardware)
+    if base is None:
+        plan.rows += index_rows(recipe, hardware)
+        plan.rows += agent_stage("traces/eval", [recipe], hardware)
+    else:
+        plan.rows.append(Row("index, traces", "as in its base recipe", "-", 0, 0,
+                             f"planned with the base: maps-train plan {base}"))
     if trains:
         plan.rows += train_rows(recipe, hardware)
         plan.rows += serve_rows(recipe, hardware)
@@ -578,7 +585,28 @@ def make_plan(path: str, overrides: list[str], gpus=None, gpu_memory_gb=None, me
     trains = "train" in written or any(o.startswith("train.") for o in overrides)
     reinforces = "rl" in written or any(o.startswith("rl.") for o in overrides)
     return plan_recipe(recipe, with_hardware(recipe.hardware, gpus, gpu_memory_gb, memory_gb), recipe.name, trains,
-                       reinforces)
+                       reinforces, student_overlay_base(source, overrides))
+
+
+# What a student overlay may write and still run its base's index and traces unchanged (the base's own plan covers
+# them): the student's stages, and backend.max_lora_rank (read only by engines with adapters: the student's).
+STUDENT_KEYS = {"base", "name", "train", "serve", "rl", "onpolicy", "wandb", "sft_data", "hardware"}
+STUDENT_OVERRIDES = tuple(f"{key}." for key in STUDENT_KEYS) + ("backend.max_lora_rank=",)
+
+
+def student_overlay_base(source: Path, overrides: list[str]) -> str | None:
+    """The base recipe (as the file names it) when `source` is a student overlay whose index and agent are its
+    base's, unchanged; None when it plans them itself."""
+    from maps_train.config import read_yaml
+
+    own = read_yaml(source)
+    if not own.get("base") or set(own) - STUDENT_KEYS - {"backend"}:
+        return None
+    if set(own.get("backend") or {}) - {"max_lora_rank"}:
+        return None
+    if any(not override.startswith(STUDENT_OVERRIDES) for override in overrides):
+        return None
+    return os.path.relpath(os.path.normpath(source.parent / own["base"]))
 
 
 def format_plan(plan: Plan) -> str:
