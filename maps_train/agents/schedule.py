@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +59,12 @@ class Coalescer:
         self._inbox.put((list(items), future))
         return future.result()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker once what is queued is done; wait at most `timeout_s` for it (a call stuck in a backend
+        that stalls must not hold up the command: the thread is a daemon and ends with the process)."""
         if self._thread.is_alive():
             self._inbox.put(_STOP)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         while True:
@@ -221,13 +223,38 @@ def run_continuous(
 ) -> None:
     """`run_one` for every question on up to `concurrency` threads; `on_done(trace)` on this thread, in the
     order questions finish. The first error stops the run: questions not started are dropped and the error is
-    raised (questions still in flight finish or fail on their own threads; nothing of theirs is written)."""
-    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="question")
-    futures = [pool.submit(run_one, question) for question in questions]
+    raised at once (questions still in flight finish or fail on their own threads; nothing of theirs is written).
+
+    The question threads are daemon threads that nobody joins: a thread still waiting on a backend that stalls
+    or is gone must not keep the command alive once it has failed (an executor's threads are joined when the
+    interpreter exits, so a stalled call hung the process after its error line)."""
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    count = 0
+    for question in questions:
+        todo.put(question)
+        count += 1
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                question = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                finished.put((run_one(question), None))
+            except BaseException as err:  # noqa: BLE001 - raised on the calling thread
+                finished.put((None, err))
+                return
+
+    for number in range(min(max(1, concurrency), count)):
+        threading.Thread(target=work, name=f"question-{number}", daemon=True).start()
     try:
-        for future in as_completed(futures):
-            on_done(future.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
+        for _ in range(count):
+            trace, err = finished.get()
+            if err is not None:
+                raise err
+            on_done(trace)
+    finally:
+        stop.set()
