@@ -92,6 +92,7 @@ class OpenAIBackend:
         self._tokenizer_errors: dict[str, str] = {}  # route model -> why it has none here
         self._tokenizer_lock = threading.Lock()
         self._turn = itertools.count()
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-backend", daemon=True)
         self._thread.start()
@@ -100,6 +101,9 @@ class OpenAIBackend:
     # -- event loop plumbing --------------------------------------------------------------------------------
 
     def _run(self, coro):
+        if self._closed:
+            coro.close()
+            raise MapsTrainError("backend.base_urls: the openai backend is closed (the run ended)")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _make_clients(self):
@@ -339,18 +343,32 @@ class OpenAIBackend:
         prompts = [self.local_prompt(s) for s in specs]
         return self._run(self._all(specs, prompts, [fitting for _, fitting in fits]))
 
-    def close(self) -> None:
-        if self._loop.is_closed():
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Cancel the calls still in flight (their callers, question threads of a run that failed, get an error
+        instead of waiting forever on a loop that stopped), close the clients, stop the loop; each step bounded
+        by `timeout_s`, so a server that stalls cannot hold up the end of a command."""
+        if self._closed or self._loop.is_closed():
             return
+        self._closed = True
 
         async def shutdown():
+            here = asyncio.current_task()
+            pending = [task for task in asyncio.all_tasks() if task is not here]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=timeout_s)
             for client in self._clients.values():
                 await client.close()
 
-        self._run(shutdown())
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=timeout_s)
+        except TimeoutError:
+            pass  # a client that would not close in time: the loop stops anyway and its sockets go with the process
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        self._thread.join(timeout=timeout_s)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 def _split_chat(spec: CallSpec, prompt: str | None, message: Any, usage: Any) -> tuple[str, str | None, int]:
