@@ -302,3 +302,32 @@ def test_a_gpu_that_holds_only_environment_engines_is_refused_for_them_alone():
         assert problem.endswith("lower backend.gpu_memory_utilization or serve the environment "
                                 "(rl.environment: server)")
     assert "the GRPO step at 8 x 8192 tokens 54.3 GB, TRL's colocated engine 24.0 GB" in problems[0]
+
+
+# ---- Qwen3.6 from its own config.json ---------------------------------------------------------------------------
+
+QWEN36 = REPO / "tests" / "fixtures" / "qwen3.6-35b-a3b"
+
+
+def test_qwen3_6_is_sized_from_its_own_config_json():
+    """Qwen3.6-35B-A3B's config.json (tests/fixtures/qwen3.6-35b-a3b, written by transformers' Qwen3.5-MoE classes)
+    nests the language model under text_config and has no intermediate_size: the plan reads its experts' width
+    instead, and the count is the shipped one. 40 layers, 10 of them full attention (layer_types), 256 experts of
+    512 plus a shared one of 512, untied 248,320 x 2048 embeddings."""
+    config = json.loads((QWEN36 / "config.json").read_text(encoding="utf-8"))
+    assert "intermediate_size" not in config["text_config"]
+    shape = model_shape(str(QWEN36))
+    assert (shape.num_experts, shape.moe_intermediate_size, shape.attention_layers) == (256, 512, 10)
+    assert shape.parameters() == model_shape("Qwen/Qwen3.6-35B-A3B").parameters()
+    h, q, kv = 2048, 16 * 256, 2 * 256
+    attention = h * 2 * q + 2 * h * kv + q * h + 2 * 256  # q doubled by the output gate, k, v, o, q/k norms
+    keys, values = 16 * 128, 32 * 128
+    linear = h * (2 * keys + 2 * values) + h * 2 * 32 + (2 * keys + values) * 4 + values * h
+    mlp = 256 * 3 * h * 512 + 3 * h * 512 + h * 256
+    by_hand = 10 * attention + 30 * linear + 40 * (mlp + 2 * h) + 2 * 248_320 * h + h
+    assert shape.parameters() == by_hand and 34e9 < by_hand < 36e9
+    roles = ("default", "answer", "generator", "reasoner")
+    plan = make_plan("recipes/paper/qwen3.6-35b-a3b.yaml", [f"roles.{role}.model={QWEN36}" for role in roles])
+    assert plan.problems == []
+    (engine,) = [row for row in plan.rows if row.process.startswith("vLLM ")]
+    assert engine.note.startswith("weights 34.7 GB")  # tensor parallel 2: 69.4 GB of bf16 over two GPUs

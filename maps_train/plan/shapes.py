@@ -99,7 +99,7 @@ class ModelShape:
         return rank * per_layer * self.num_hidden_layers
 
 
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 OPTIONAL_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                  "full_attention_interval", "attn_output_gate", "linear_num_key_heads", "linear_num_value_heads",
                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
@@ -108,7 +108,14 @@ OPTIONAL_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", 
 def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelShape:
     """A ModelShape from config.json's values (a multimodal config's language model is under `text_config`)."""
     config = config.get("text_config") or config
+    # A mixture of experts written by transformers' own class (Qwen3.5/3.6-MoE: Qwen3_5MoeTextConfig) has no dense
+    # intermediate_size: every layer's MLP is its experts, sized by moe_intermediate_size.
+    dense_width = "moe_intermediate_size" if config.get("num_experts") else "intermediate_size"
+    width = config.get("intermediate_size") if isinstance(config.get("intermediate_size"), int) else \
+        config.get(dense_width)
     missing = [key for key in SHAPE_KEYS if not isinstance(config.get(key), int)]
+    if not isinstance(width, int):
+        missing.append(dense_width)
     if missing:
         raise MapsTrainError(f"{source}: config.json has no integer {missing[0]} (needed to size model '{name}')")
     heads = config["num_attention_heads"]
@@ -123,7 +130,7 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
         num_attention_heads=heads,
         num_key_value_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        intermediate_size=config["intermediate_size"],
+        intermediate_size=width,
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
         source=source,
