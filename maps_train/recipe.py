@@ -78,6 +78,12 @@ def check_positive(value: int) -> int:
     return value
 
 
+def check_fraction(value: float | None) -> float | None:
+    if value is not None and not 0 < value <= 1:
+        raise FieldError("", f"must be a fraction of the GPU in (0, 1], got {value}")
+    return value
+
+
 @dataclass
 class BackendConfig:
     """Engine and client settings shared by every route."""
@@ -400,6 +406,9 @@ class ServeConfig:
     # The student's own tensor parallelism (its server, and its offline engine in eval and on-policy runs); the
     # teacher's is backend.tensor_parallel_size, which student overlays inherit. 1: students up to 8B fit one GPU.
     tensor_parallel_size: int = field(default=1, metadata={"check": check_positive})
+    # The server's share of each GPU it runs on (`vllm serve --gpu-memory-utilization`); null: backend's, the
+    # fraction `maps-train plan` budgets for it either way.
+    gpu_memory_utilization: float | None = field(default=None, metadata={"check": check_fraction})
 
 
 @dataclass

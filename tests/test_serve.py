@@ -337,3 +337,38 @@ def test_auto_dtype_follows_the_cpus_bf16_instructions_in_server_and_engine(
         route = RoleRoute(backend="vllm", model=smollm2)
         engine = make_backend("vllm", smollm2, [route], BackendConfig(dtype=dtype))
         assert engine.llm_kwargs()["dtype"] == wanted  # built, not started
+
+
+def test_the_server_gets_the_gpu_share_the_plan_budgets(tmp_path, adapters_dir, monkeypatch):
+    """On a GPU build of vLLM, `vllm serve` gets --gpu-memory-utilization: serve.gpu_memory_utilization, else the
+    backend's (never vLLM's own 0.9), and --dry-run says so; `maps-train plan` budgets the serve row with the same
+    fraction. On vLLM-CPU the KV space is what counts, and the dry run says that instead."""
+    import maps_train.serve.plan as serve_plan
+    from maps_train.cli import app
+    from maps_train.plan.stages import serve_rows
+    from maps_train.recipe import HardwareConfig
+
+    cpu = CliRunner().invoke(app, ["serve", str(write_recipe(tmp_path, adapters_dir)), "--dry-run"])
+    assert cpu.exit_code == 0, cpu.output
+    assert "--gpu-memory-utilization" not in command_of(cpu.output)
+    assert "memory: VLLM_CPU_KVCACHE_SPACE=2 GiB" in cpu.output
+
+    monkeypatch.setattr(serve_plan, "vllm_on_cpu", lambda: False)
+    recipe = write_recipe(tmp_path, adapters_dir)
+    for overrides, fraction in (([], "0.85"), (["serve.gpu_memory_utilization=0.4"], "0.4")):
+        result = CliRunner().invoke(app, ["serve", str(recipe), *overrides, "--dry-run"])
+        assert result.exit_code == 0, result.output
+        assert flag(command_of(result.output), "--gpu-memory-utilization") == fraction
+        assert f"memory: --gpu-memory-utilization {fraction} of each of its 1 GPU(s)" in result.output
+    hardware = HardwareConfig(gpus=1, gpu_memory_gb=80, memory_gb=100)
+    (row,) = serve_rows(load_recipe(str(recipe), ["serve.gpu_memory_utilization=0.4"]), hardware)
+    assert row.budget == pytest.approx(0.4 * 80e9)
+    (row,) = serve_rows(load_recipe(str(recipe)), hardware)
+    assert row.budget == pytest.approx(0.85 * 80e9)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "nan"])
+def test_a_gpu_share_outside_zero_to_one_is_one_line(tmp_path, adapters_dir, value):
+    with pytest.raises(MapsTrainError, match="serve.gpu_memory_utilization.*fraction") as err:
+        load_recipe(str(write_recipe(tmp_path, adapters_dir)), [f"serve.gpu_memory_utilization={value}"])
+    assert "\n" not in str(err.value)

@@ -354,11 +354,17 @@ def _change_that_fits(need_of, budget: float, batch: int, accumulation: int, set
 # ---- serving ------------------------------------------------------------------------------------------------
 
 def serve_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
-    """`maps-train serve`: the student and its adapters at the student's own tensor parallelism."""
+    """`maps-train serve`: the student and its adapters at the student's own tensor parallelism and share of each
+    GPU (`serve.gpu_memory_utilization`, else the backend's: what `vllm serve --gpu-memory-utilization` gets)."""
     base = recipe.serve.base_model or recipe.train.student
-    backend = replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
+    backend = replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size,
+                      gpu_memory_utilization=recipe.serve.gpu_memory_utilization
+                      or recipe.backend.gpu_memory_utilization)
     engine = EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)
     rows, _ = engine_rows("serve", engine, hardware, "serve.tensor_parallel_size")
+    if recipe.serve.gpu_memory_utilization and rows[0].problem:
+        rows[0].problem = rows[0].problem.replace("raise backend.gpu_memory_utilization",
+                                                  "raise serve.gpu_memory_utilization")
     return rows
 
 

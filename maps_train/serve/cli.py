@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         plan = plan_server(loaded, adapters_later=adapters_later)
         # printed output ends up in terminals, logs (the demo's serve.log) and bug reports: never echo a key
         typer.echo("command: " + plan.shown_command())
+        typer.echo("memory: " + plan.memory)
         routing = dump_yaml(redact_secrets({"backend": {"base_urls": [plan.url]}, "roles": plan.routes}))
         if dry_run:
             typer.echo("# routing for the agent (paste into a recipe):\n" + routing)

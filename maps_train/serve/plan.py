@@ -29,6 +29,7 @@ class ServerPlan:
     routes: dict[str, RoleRoute]  # role -> route for the agent (backend openai, adapter = served name)
     cpu_kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE when the server runs on vLLM-CPU
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # set for the server process
+    memory: str = ""  # what the server may take, as `maps-train plan` budgets it (printed by --dry-run)
 
     def shown_command(self) -> str:
         """The command as printed or logged: secrets (`--api-key` in `serve.extra_args`, a URL's user:password) as
@@ -151,6 +152,13 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
     command += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
     if backend.language_model_only:
         command.append("--language-model-only")
+    utilization = server_memory_fraction(recipe)
+    if vllm_on_cpu():  # vLLM-CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from a GPU fraction
+        memory = f"VLLM_CPU_KVCACHE_SPACE={backend.cpu_kv_cache_gib} GiB of host memory for the KV cache"
+    else:
+        command += ["--gpu-memory-utilization", f"{utilization:g}"]
+        memory = (f"--gpu-memory-utilization {utilization:g} of each of its {serve.tensor_parallel_size} GPU(s), "
+                  f"the fraction maps-train plan budgets (serve.gpu_memory_utilization, else backend's)")
     if recipe.sft_data.enable_thinking and model_can_think(base):
         # The served routes think: the server returns the reasoning apart, counts its tokens, and starts a JSON
         # grammar only after `</think>` (without it the grammar would forbid thinking).
@@ -158,7 +166,13 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
     command += serve.extra_args
     url = f"http://{serve.host}:{serve.port}/v1"
     return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
-                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib, env)
+                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib, env, memory)
+
+
+def server_memory_fraction(recipe: Recipe) -> float:
+    """The share of each GPU `maps-train serve` gives vLLM: `serve.gpu_memory_utilization`, else the backend's
+    (vLLM's own default, 0.9, is never left to apply: the plan budgets this fraction)."""
+    return recipe.serve.gpu_memory_utilization or recipe.backend.gpu_memory_utilization
 
 
 def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = None) -> dict[str, RoleRoute]:
