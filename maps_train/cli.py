@@ -73,7 +73,8 @@ def _with_preflight(stage: str, path_argument: str, command):
         from maps_train.plan.preflight import check_stage
 
         check_stage(stage, kwargs[path_argument], kwargs.get("overrides") or [],
-                    accelerate_config=kwargs.get("accelerate_config"), skip=no_plan,
+                    accelerate_config=kwargs.get("accelerate_config"), num_machines=kwargs.get("num_machines"),
+                    skip=no_plan,
                     warn=lambda line: typer.echo(line, err=True))
         return command(*args, **kwargs)
 

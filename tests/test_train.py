@@ -191,6 +191,66 @@ def test_launch_command_on_cpu_starts_ranks_with_multi_gpu_flag():
         launch_command("r.yaml", "writer", accelerate_config="nope.yaml")
 
 
+def test_several_machines_meet_where_the_options_or_the_config_say(tmp_path, monkeypatch):
+    """Two machines through `maps-train train`: the machine rank, the main machine's address and port are passed
+    as given (the same port on every machine), accelerate gets the TOTAL rank count (one rank a visible GPU on
+    each), and no port is picked here; a config that names them holds, never overridden; a single machine whose
+    config sets a port keeps it; several machines without an address are one line."""
+    from maps_train.train import launch
+    from maps_train.train.launch import Machines, launch_command
+
+    def value(command, name):
+        return command[command.index(name) + 1]
+
+    monkeypatch.setattr(launch, "free_port", lambda: pytest.fail("a port was picked for a multi-machine job"))
+    node1 = launch_command("r.yaml", "writer", num_processes=1,
+                           machines=Machines(2, 1, "10.0.0.1", 29555))
+    assert [value(node1, flag) for flag in ("--num_machines", "--machine_rank", "--main_process_ip",
+                                            "--main_process_port", "--num_processes")] == ["2", "1", "10.0.0.1",
+                                                                                            "29555", "2"]
+    assert node1.count("--main_process_port") == 1 and "--multi_gpu" in node1
+
+    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 8)
+    ddp = yaml.safe_load((REPO / "recipes/accelerate/ddp.yaml").read_text())
+    cluster = tmp_path / "two-nodes.yaml"
+    cluster.write_text(yaml.safe_dump({**ddp, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1",
+                                       "main_process_port": 29600}))
+    from_config = launch_command("r.yaml", "writer", accelerate_config=str(cluster))
+    assert value(from_config, "--num_processes") == "16"  # 8 visible GPUs on each of the config's 2 machines
+    assert not {"--main_process_port", "--main_process_ip", "--machine_rank", "--num_machines"} & set(from_config)
+    ranked = launch_command("r.yaml", "writer", accelerate_config=str(cluster), machines=Machines(machine_rank=0))
+    assert value(ranked, "--machine_rank") == "0" and "--main_process_port" not in ranked
+
+    one = tmp_path / "one-node-port.yaml"
+    one.write_text(yaml.safe_dump({**ddp, "main_process_port": 29700}))
+    assert "--main_process_port" not in launch_command("r.yaml", "writer", accelerate_config=str(one))
+
+    with pytest.raises(MapsTrainError, match="2 machines need the main machine's address and port") as err:
+        launch_command("r.yaml", "writer", machines=Machines(num_machines=2, machine_rank=0))
+    assert "\n" not in str(err.value)
+    with pytest.raises(MapsTrainError, match="machine rank 2 is outside 0..1"):
+        launch_command("r.yaml", "writer", machines=Machines(2, 2, "10.0.0.1", 29555))
+
+
+def test_the_plan_of_several_machines_is_per_machine(tmp_path, monkeypatch):
+    """An accelerate config for 2 machines of 8 GPUs says num_processes: 16 (accelerate counts every machine's
+    ranks): each machine starts 8, so an 8-GPU machine fits (it was refused as '16 ranks, the hardware has 8'); a
+    count over the machine's GPUs is still refused."""
+    from maps_train.plan.stages import make_plan
+
+    monkeypatch.chdir(REPO)
+    ddp = yaml.safe_load((REPO / "recipes/accelerate/ddp.yaml").read_text())
+    cluster = tmp_path / "two-nodes.yaml"
+    cluster.write_text(yaml.safe_dump({**ddp, "num_processes": 16, "num_machines": 2,
+                                       "main_process_ip": "10.0.0.1", "main_process_port": 29600}))
+    plan = make_plan("recipes/distill/qwen3-4b.yaml", [f"train.accelerate_config={cluster}"])
+    (train,) = [row for row in plan.rows if row.stage.startswith("train")]
+    assert train.process.startswith("8 x rank Qwen/Qwen3-4B") and train.process.endswith("each of 2 machines")
+    assert not [p for p in plan.problems if p.startswith("train")]
+    crowded = make_plan("recipes/distill/qwen3-4b.yaml", [f"train.accelerate_config={cluster}"], gpus=4)
+    assert [p for p in crowded.problems if "starts 8 ranks" in p and "set num_processes: 8" in p]
+
+
 @pytest.mark.parametrize("one_launch", [False, True])
 def test_train_all_launches_per_adapter_or_once_and_skips_finished_ones(sft_dir, tmp_path, monkeypatch, one_launch):
     """What `maps-train train --role all` hands to the launcher: one launch per unfinished adapter, or (with

@@ -1,6 +1,7 @@
 """Training as a cluster job runs it, on CPU: a run SIGKILLed after a checkpoint resumes from it, DeepSpeed ZeRO-2
-and ZeRO-3 train through `maps-train train --accelerate-config`, and a two-node launch (two `accelerate launch`
-"nodes" on one machine, one rank each) trains the same adapter as one node with two ranks.
+and ZeRO-3 train through `maps-train train --accelerate-config`, and a two-machine job (two `maps-train train
+--num-machines 2 --machine-rank R` "machines" on one host, one rank each) trains the same adapter as one machine
+with two ranks.
 
 Every run is the real launcher on the tiny Qwen3 with the shared adapter (one adapter per launch) and a few steps.
 """
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.slow
 # kill during a save would leave a partial newest checkpoint) and the end of the run.
 SAVE_STEPS = 10
 KILL_RUN_STEPS = 40
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 def train_env() -> dict[str, str]:
@@ -137,15 +137,15 @@ def test_deepspeed_zero_trains_on_two_cpu_ranks(sft_dir, tmp_path, tiny_qwen3, c
 
 
 def node_command(recipe: Path, machine_rank: int, port: int) -> list[str]:
-    """One node of a 2-node job with one rank per node; the flags a cluster scheduler would pass each node."""
-    return [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(machine_rank),
-            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no",
-            "--dynamo_backend", "no", "-m", "maps_train.train", "--config", str(recipe), "--role", "shared"]
+    """One machine of a 2-machine job with one rank on each, through `maps-train train`: the flags a cluster
+    scheduler would pass each machine (the same address and port everywhere, its own rank)."""
+    return cli_train(recipe, "--role", "shared", "--num-processes", "1", "--num-machines", "2", "--machine-rank",
+                     str(machine_rank), "--main-process-ip", "127.0.0.1", "--main-process-port", str(port))
 
 
 def test_two_node_launch_trains_the_same_adapter_as_one_node(sft_dir, tmp_path):  # noqa: F811
-    """Two `accelerate launch` processes, machine_rank 0 and 1, meet at 127.0.0.1:P and train one adapter; a one-node
-    2-rank run of the same recipe and seed gives the same LoRA weights. Tolerance 1e-6 (max abs diff): both runs
+    """Two `maps-train train` processes, machine ranks 0 and 1, meet at 127.0.0.1:P and train one adapter; a
+    one-node 2-rank run of the same recipe and seed gives the same LoRA weights. Tolerance 1e-6 (max abs diff): both runs
     see the same global ranks, the same data shards and the same gloo all-reduce of two float32 gradients (a sum of
     two is order-free), so they should agree to the last bit (measured: 0.0); 1e-6 leaves room only for
     kernel-level noise."""
@@ -160,6 +160,8 @@ def test_two_node_launch_trains_the_same_adapter_as_one_node(sft_dir, tmp_path):
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     for rank, (node, output) in enumerate(zip(nodes, outputs)):
         assert node.returncode == 0, f"node {rank} failed:\n{output[-6000:]}"
+    assert "--num_machines 2 --machine_rank 1 --main_process_ip 127.0.0.1" in outputs[1]
+    assert "machine 1: done; the adapters are written by machine 0" in outputs[1]
     summary = json.loads((tmp_path / "two" / "shared" / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and trainer_record(tmp_path / "two", "shared")["global_step"] == 3
 

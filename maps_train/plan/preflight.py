@@ -37,15 +37,15 @@ def load_stage_inputs(stage: str, path: str, overrides: list[str], accelerate_co
     return recipe
 
 
-def plan_of_stage(stage: str, inputs: Any) -> Plan:
+def plan_of_stage(stage: str, inputs: Any, num_machines: int | None = None) -> Plan:
     """Only the rows of what `stage` starts, from `load_stage_inputs`: the teacher's engines and the index
-    (traces), one launch per adapter (train), the student's server (serve), each system's engines and the
-    index (eval), or a GRPO rank with its engines (rl)."""
+    (traces), one launch per adapter (train: on each of `num_machines`, else the accelerate config's), the
+    student's server (serve), each system's engines and the index (eval), or a GRPO rank with its engines (rl)."""
     if stage == "eval":
         return plan_systems(*inputs)
     recipe = inputs
     rows = {"traces": lambda: agent_stage("traces", [recipe], recipe.hardware),
-            "train": lambda: train_rows(recipe, recipe.hardware),
+            "train": lambda: train_rows(recipe, recipe.hardware, num_machines),
             "serve": lambda: serve_rows(recipe, recipe.hardware),
             "rl": lambda: rl_rows(recipe, recipe.hardware)}
     plan = Plan(recipe.name, recipe.hardware)
@@ -59,14 +59,14 @@ def _how_to_override(stage: str) -> str:
 
 
 def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_config: str | None = None,
-                skip: bool = False, warn: Callable[[str], None] = print) -> None:
+                num_machines: int | None = None, skip: bool = False, warn: Callable[[str], None] = print) -> None:
     """Refuse `stage` (a MapsTrainError) when its plan does not fit the stated hardware, each problem first as
     its own `maps-train: plan refused:` line through `warn`; do nothing when skipped."""
     if skip or os.environ.get(NO_PLAN_ENV, "") not in ("", "0"):
         return
     inputs = load_stage_inputs(stage, path, overrides, accelerate_config)
     try:
-        plan = plan_of_stage(stage, inputs)
+        plan = plan_of_stage(stage, inputs, num_machines)
     except MapsTrainError as err:  # sizes not at hand here (model, corpus): the command may still run
         warn(f"maps-train: warning: {stage}: not planned ({err}); going on")
         return

@@ -272,40 +272,48 @@ def _runs(values: list[float]) -> list[tuple[int, int, float]]:
 
 # ---- training -----------------------------------------------------------------------------------------------
 
-def accelerate_settings(recipe: Recipe, hardware: HardwareConfig) -> tuple[int, int, str]:
-    """(ranks, ZeRO stage, what says so): train.accelerate_config's num_processes, or, where it sets none, one rank
-    per GPU as `maps-train train` launches it (maps_train/train/launch.py); without a config, train.num_processes."""
+def accelerate_settings(recipe: Recipe, hardware: HardwareConfig,
+                        num_machines: int | None = None) -> tuple[int, int, str, int]:
+    """(ranks on each machine, ZeRO stage, what says so, machines): train.accelerate_config's num_processes (which
+    counts every machine's ranks) over its num_machines (or `num_machines`, `maps-train train --num-machines`), or,
+    where it sets none, one rank per GPU as `maps-train train` launches it (maps_train/train/launch.py); without a
+    config, train.num_processes. The hardware is one machine's: the plan is per machine."""
     from maps_train.config import read_yaml
 
     path = recipe.train.accelerate_config
     if not path:
-        return recipe.train.num_processes, 0, "train.num_processes"
+        return recipe.train.num_processes, 0, "train.num_processes", num_machines or 1
     if not Path(path).is_file():
         raise MapsTrainError(f"train.accelerate_config: {path} not found (relative to the working directory)")
     config = read_yaml(path)
     zero = 0
     if config.get("distributed_type") == "DEEPSPEED":
         zero = int((config.get("deepspeed_config") or {}).get("zero_stage", 0))
+    machines = num_machines or int(config.get("num_machines") or 1)
     ranks = config.get("num_processes")
     if isinstance(ranks, int) and ranks > 0:
-        return ranks, zero, f"{path} (num_processes)"
-    return max(hardware.gpus, 1), zero, f"{path} (one rank a GPU)"
+        each = -(-ranks // machines)
+        said = f"{path} (num_processes" + (f" {ranks} over {machines} machines)" if machines > 1 else ")")
+        return each, zero, said, machines
+    return max(hardware.gpus, 1), zero, f"{path} (one rank a GPU)", machines
 
 
-def train_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
-    """One row for every adapter: they train one launch after another with the same settings, so the same sizes."""
+def train_rows(recipe: Recipe, hardware: HardwareConfig, num_machines: int | None = None) -> list[Row]:
+    """One row for every adapter: they train one launch after another with the same settings, so the same sizes.
+    Over several machines, each machine's ranks against its own GPUs (ZeRO shards over every rank)."""
     sft, lora = recipe.train.sft, recipe.train.lora
     shape = model_shape(recipe.train.student)
-    world, zero, said = accelerate_settings(recipe, hardware)
+    world, zero, said, machines = accelerate_settings(recipe, hardware, num_machines)
     on_gpu = hardware.gpus > 0
     settings = dict(max_length=int(sft["max_length"]), lora_rank=int(lora["r"]),
                     lora_dropout=float(lora.get("lora_dropout", 0.0)),
                     checkpointing=bool(sft.get("gradient_checkpointing")), bf16=on_gpu and bool(sft.get("bf16")),
-                    world=world, zero_stage=zero, on_gpu=on_gpu)
+                    world=world * machines, zero_stage=zero, on_gpu=on_gpu)
     batch = int(sft["per_device_train_batch_size"])
     need = memory.train_memory(shape, batch=batch, **settings)
     stage = f"train {', '.join(adapter_names(recipe))}"
-    process = f"{world} x rank {recipe.train.student} LoRA r{settings['lora_rank']}" + (f" ZeRO-{zero}" if zero else "")
+    process = (f"{world} x rank {recipe.train.student} LoRA r{settings['lora_rank']}" + (f" ZeRO-{zero}" if zero else "")
+               + (f", each of {machines} machines" if machines > 1 else ""))
     note = (f"weights {_gb(need.weights)}, activations {_gb(need.activations)} ({batch} x {settings['max_length']} "
             f"tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), fused LM head {_gb(need.lm_head)}")
     if not on_gpu:
@@ -315,8 +323,9 @@ def train_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     rows = [Row(stage, process, _gpus(0, min(world, hardware.gpus)), need.total, budget, note, problem)]
     if world > hardware.gpus:
         rows.append(Row(stage, f"accelerate: {world} ranks", _gpus(0, hardware.gpus), 0, 0, said,
-                        f"{stage}: {said} starts {world} ranks, one a GPU, and the hardware has {hardware.gpus}; "
-                        f"set num_processes: {hardware.gpus} there or run on {world} GPUs"))
+                        f"{stage}: {said} starts {world} ranks, one a GPU, on a machine whose hardware has "
+                        f"{hardware.gpus}; set num_processes: {hardware.gpus * machines} there or run on machines of "
+                        f"{world} GPUs"))
     return rows
 
 

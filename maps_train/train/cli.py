@@ -23,14 +23,30 @@ def register(app: typer.Typer) -> None:
             False, "--overwrite",
             help="Retrain finished adapters (removes only folders training wrote: marked .written-by-maps-train).",
         ),
+        num_machines: int = typer.Option(
+            None, "--num-machines", help="Machines in the job (default: the accelerate config's, else 1); run the "
+                                         "same command on each with its own --machine-rank."),
+        machine_rank: int = typer.Option(
+            None, "--machine-rank", help="This machine's rank, 0 on the main one (default: the config's, else 0)."),
+        main_process_ip: str = typer.Option(
+            None, "--main-process-ip", help="The main machine's address (default: the config's main_process_ip)."),
+        main_process_port: int = typer.Option(
+            None, "--main-process-port",
+            help="The main machine's port, the same on every machine (default: the config's main_process_port; "
+                 "one machine without either: a free port)."),
     ) -> None:
         """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`."""
         from maps_train.train.adapter_check import check_adapter
-        from maps_train.train.launch import train_all
+        from maps_train.train.launch import Machines, train_all
 
+        machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
         folders = train_all(
-            recipe, role, overrides or [], accelerate_config, num_processes, overwrite, echo=typer.echo
+            recipe, role, overrides or [], accelerate_config, num_processes, overwrite, echo=typer.echo,
+            machines=machines,
         )
+        if machine_rank:
+            typer.echo(f"machine {machine_rank}: done; the adapters are written by machine 0")
+            return
         for folder in folders:
             problems = check_adapter(folder)
             typer.echo(f"{folder}: {'ok' if not problems else '; '.join(problems)}")

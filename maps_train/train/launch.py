@@ -9,12 +9,19 @@ every adapter still to train goes through one launch (`--role all`), which skips
 Rank count: `--num-processes` when given; else the accelerate config's `num_processes` when it sets one; else one
 rank per visible GPU. The GPU configs (recipes/accelerate/{ddp,zero2,zero3}.yaml) set none on purpose: accelerate
 places rank r on GPU r % device_count, so a fixed 8 would stack all eight ranks on GPU 0 of a one-GPU node.
+
+Several machines (`Machines`): each runs the same `maps-train train` with its own `--machine-rank`; the machine
+count, the main machine's address and its port come from the options or from the accelerate config, and are never
+replaced by a port picked here (each machine would pick its own and they would never meet). `--num-processes` and
+the visible-GPU count are per machine; accelerate is given their total (its `--num_processes` counts every rank of
+every machine). Only machine rank 0 writes the adapters.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from maps_train.config import redact_secrets
@@ -46,6 +53,66 @@ def config_process_count(accelerate_config: str) -> int | None:
     return None if count < 0 else count
 
 
+@dataclass(frozen=True)
+class Machines:
+    """This machine's place in a job over several (`maps-train train --num-machines ...`); a field left None is
+    taken from the accelerate config, where one is given, else means one machine."""
+
+    num_machines: int | None = None
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet, as the options and the config together say, and the flags that say it to accelerate."""
+
+    machines: int
+    rank: int  # this machine's
+    flags: list[str]
+
+
+def _config_values(accelerate_config: str | None) -> dict:
+    if not accelerate_config:
+        return {}
+    from maps_train.config import read_yaml
+
+    return read_yaml(accelerate_config) or {}
+
+
+def rendezvous(accelerate_config: str | None, machines: Machines) -> Rendezvous:
+    """The machine count and rank, and the flags for the main process's address and port: the options' values
+    are passed, the config's hold as written; one machine with neither gets a free local port (concurrent launches
+    must not collide); several machines must name the main machine's address and port (options or config)."""
+    config = _config_values(accelerate_config)
+    count = machines.num_machines or int(config.get("num_machines") or 1)
+    rank = machines.machine_rank if machines.machine_rank is not None else int(config.get("machine_rank") or 0)
+    if count < 1 or not 0 <= rank < count:
+        raise MapsTrainError(f"train: machine rank {rank} is outside 0..{count - 1} ({count} machines)")
+    flags: list[str] = []
+    if machines.num_machines is not None or not accelerate_config:
+        flags += ["--num_machines", str(count)]
+    if count > 1:
+        ip = machines.main_process_ip or config.get("main_process_ip")
+        port = machines.main_process_port or config.get("main_process_port")
+        if not ip or not port:
+            raise MapsTrainError(f"train: {count} machines need the main machine's address and port: pass "
+                                 f"--main-process-ip and --main-process-port (the same on every machine) or set "
+                                 f"main_process_ip and main_process_port in the accelerate config")
+        if machines.machine_rank is not None or not accelerate_config:
+            flags += ["--machine_rank", str(rank)]
+        if machines.main_process_ip or not accelerate_config:
+            flags += ["--main_process_ip", str(ip)]
+        if machines.main_process_port or not accelerate_config:
+            flags += ["--main_process_port", str(port)]
+    elif machines.main_process_port:
+        flags += ["--main_process_port", str(machines.main_process_port)]
+    elif not config.get("main_process_port"):
+        flags += ["--main_process_port", str(free_port())]
+    return Rendezvous(count, rank, flags)
+
+
 def config_rank_count(accelerate_config: str, num_processes: int | None) -> int | None:
     """The `--num_processes` to pass with a config file: `num_processes` when set; None where the file sets its
     own count (it holds); else one rank per visible GPU (at least one)."""
@@ -57,28 +124,31 @@ def config_rank_count(accelerate_config: str, num_processes: int | None) -> int 
 
 
 def accelerate_args(
-    accelerate_config: str | None, num_processes: int | None, bf16: bool, port: int | None = None
+    accelerate_config: str | None, num_processes: int | None, bf16: bool, port: int | None = None,
+    machines: Machines = Machines(),
 ) -> list[str]:
-    """Launcher flags: the config file when given, with its rank count (`config_rank_count`); otherwise flags
-    that work on GPU and on CPU alike.
+    """Launcher flags: the config file when given, with its rank count (`config_rank_count`, per machine, times
+    the machines); otherwise flags that work on GPU and on CPU alike. `port`: the main process's port (as
+    `machines.main_process_port`).
 
     Without a GPU, `--multi_gpu` is what starts several ranks (they then join a gloo group because the entry
     point asks accelerate for the CPU); a MULTI_CPU config would quietly start one process.
     """
     from maps_train.train.sft import on_cpu
 
-    args = ["--main_process_port", str(port or free_port())]
+    if accelerate_config and not Path(accelerate_config).is_file():
+        raise MapsTrainError(f"{accelerate_config}: no such accelerate config (see recipes/accelerate/)")
+    if port and not machines.main_process_port:
+        machines = Machines(machines.num_machines, machines.machine_rank, machines.main_process_ip, port)
+    meeting = rendezvous(accelerate_config, machines)
     if accelerate_config:
-        if not Path(accelerate_config).is_file():
-            raise MapsTrainError(f"{accelerate_config}: no such accelerate config (see recipes/accelerate/)")
         ranks = config_rank_count(accelerate_config, num_processes)
-        count = ["--num_processes", str(ranks)] if ranks else []
-        return ["--config_file", accelerate_config, *count, *args]
-    num_processes = num_processes or 1
+        count = ["--num_processes", str(ranks * meeting.machines)] if ranks else []
+        return ["--config_file", accelerate_config, *count, *meeting.flags]
+    total = (num_processes or 1) * meeting.machines
     mixed = "bf16" if bf16 and not on_cpu() else "no"
-    args += ["--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision", mixed]
-    args += ["--dynamo_backend", "no"]
-    if num_processes > 1:
+    args = [*meeting.flags, "--num_processes", str(total), "--mixed_precision", mixed, "--dynamo_backend", "no"]
+    if total > 1:
         args.append("--multi_gpu")
     return args
 
@@ -92,9 +162,10 @@ def launch_command(
     bf16: bool = False,
     overwrite: bool = False,
     port: int | None = None,
+    machines: Machines = Machines(),
 ) -> list[str]:
     command = [sys.executable, "-m", "accelerate.commands.launch"]
-    command += accelerate_args(accelerate_config, num_processes, bf16, port)
+    command += accelerate_args(accelerate_config, num_processes, bf16, port, machines)
     command += ["-m", "maps_train.train", "--config", recipe_path, "--role", adapter]
     if overwrite:
         command.append("--overwrite")
@@ -109,8 +180,12 @@ def train_all(
     num_processes: int | None = None,
     overwrite: bool = False,
     echo=print,
+    machines: Machines = Machines(),
 ) -> list[Path]:
-    """Train the recipe's adapters (or one), each in its own `accelerate launch`; returns the adapter folders."""
+    """Train the recipe's adapters (or one), each in its own `accelerate launch`; returns the adapter folders.
+    On a machine other than the main one (machine rank > 0) nothing is written here: the adapters are the main
+    machine's, so a launch is not checked for one (every machine must see the same finished adapters to skip the
+    same ones: keep train.output_dir on a shared file system, or pass the same --role everywhere)."""
     from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train.data import source_adapters
     from maps_train.train.sft import adapter_output_dir, build_lora_config, is_trained
@@ -124,6 +199,7 @@ def train_all(
     # With a config file its process count (or the visible GPU count) holds unless --num-processes says otherwise.
     processes = num_processes or (None if config else recipe.train.num_processes)
     folders = [adapter_output_dir(recipe, adapter) for adapter in adapters]
+    main_machine = rendezvous(config, machines).rank == 0
     todo = []
     for adapter, folder in zip(adapters, folders):
         if is_trained(recipe, adapter) and not overwrite:
@@ -135,13 +211,14 @@ def train_all(
     ]
     for name, covered in launches:
         command = launch_command(
-            recipe_path, name, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite
+            recipe_path, name, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite,
+            machines=machines,
         )
         echo(f"{'+'.join(covered)}: {' '.join(redact_secrets(command))}")  # overrides may set backend.api_key
         returncode = subprocess.call(command)
         if returncode != 0:
             raise MapsTrainError(f"{name}: accelerate launch exited with {returncode} (command above)")
-        for adapter in covered:
+        for adapter in covered if main_machine else ():
             if not is_trained(recipe, adapter):
                 raise MapsTrainError(f"{adapter_output_dir(recipe, adapter)}: the launch ended without a trained adapter")
     return folders
