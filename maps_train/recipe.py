@@ -444,6 +444,12 @@ GRPO_DEFAULTS: dict[str, Any] = {
     "bf16": False,
     "seed": 0,
     "report_to": [],  # maps-train opens the W&B run itself (wandb: section), like the SFT stage
+    # Advantages in reward units (reward - group mean), not divided by the group's std (TRL's "group"): with the
+    # std, branches that tie on correctness and differ by a few tokens of cost get unit-size advantages, and
+    # lambda loses its meaning (Dr. GRPO, Liu et al. 2025, drops the std for the same bias).
+    "scale_rewards": "none",
+    # A completion cut at max_completion_length is left out of the loss: its tokens never ended the call.
+    "mask_truncated_completions": True,
 }
 # Set by maps-train from the `rl:` section, so a value under rl.grpo would be silently replaced: refused.
 GRPO_RESERVED = {
@@ -476,18 +482,27 @@ def _grpo_verdict(options: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class RLRewardConfig:
     """The reward of one rollout (one question answered by the student): each part is logged on its own, the
-    total is their weighted sum."""
+    total is their weighted sum. TRL's advantages are taken unscaled (`rl.grpo.scale_rewards: none`), so every
+    weight keeps its meaning: an advantage is a difference of rewards in these units."""
 
-    correctness: Literal["cover_em", "em", "f1"] = "cover_em"
-    # Cover-EM alone pays for long answers (the gold inside a paragraph counts): an answer of more words than this
-    # scores 0 on correctness. null: no guard (EM and F1 need none).
+    # EM by default, as Search-R1 and ParallelSearch train. Cover-EM here matches the gold on word boundaries and
+    # scores 0 for an answer that hedges (names more than one candidate): "yes or no" is not right for "no".
+    correctness: Literal["cover_em", "em", "f1"] = "em"
+    # With Cover-EM an answer of more words than this scores 0: the gold inside a paragraph would otherwise count.
+    # null: no guard (EM and F1 need none).
     length_guard_words: int | None = 12
     correctness_weight: float = 1.0
-    format_weight: float = 0.1  # the trained roles' outputs parse against their schemas (share of their calls)
+    format_weight: float = 0.1  # the branch call's own output parsed against its role's schema
     cost_weight: float = 0.0  # lambda: the cost term is -lambda x cost / cost_scale
     cost_unit: Literal["tokens", "rounds", "retrievals"] = "rounds"
     cost_scale: float = 1.0  # e.g. 1000 with tokens: lambda per thousand tokens
+    # "right": only a right branch pays its cost (a wrong one cannot win by being cheap); "all": every branch pays
+    charge_cost: Literal["right", "all"] = "right"
     evidence_weight: float = 0.0  # shaping by evidence recall where the question has gold passages (0 elsewhere)
+    # The branch call's own credit (records.credit): a writer's or proposer's share of the gold its queries found
+    # new, a consolidator's right stop-or-continue, the answer call's F1; 0 for every branch of a question
+    # without gold passages, so it moves no advantage there.
+    process_weight: float = 0.5
 
 
 @dataclass

@@ -90,12 +90,12 @@ def test_right_short_answer_scores_one_in_every_metric():
 def test_length_guard_zeroes_a_long_cover_em_answer_and_only_cover_em():
     question = short_question(["Dijon"])
     assert len(LONG_RIGHT.split()) == 16
-    assert correctness(episode(LONG_RIGHT), question, reward(length_guard_words=None)) == 1.0
-    assert correctness(episode(LONG_RIGHT), question, reward(length_guard_words=12)) == 0.0
+    assert correctness(episode(LONG_RIGHT), question, reward(correctness="cover_em", length_guard_words=None)) == 1.0
+    assert correctness(episode(LONG_RIGHT), question, reward(correctness="cover_em", length_guard_words=12)) == 0.0
     # "more than" 12: exactly 12 words still scores, 13 do not.
     twelve, thirteen = " ".join(LONG_RIGHT.split()[:12]), " ".join(LONG_RIGHT.split()[:13])
-    assert correctness(episode(twelve), question, reward(length_guard_words=12)) == 1.0
-    assert correctness(episode(thirteen), question, reward(length_guard_words=12)) == 0.0
+    assert correctness(episode(twelve), question, reward(correctness="cover_em", length_guard_words=12)) == 1.0
+    assert correctness(episode(thirteen), question, reward(correctness="cover_em", length_guard_words=12)) == 0.0
     # EM and F1 need no guard: the long answer is scored as it is (F1: 1 shared token of 15 after "the" goes:
     # precision 1/15, recall 1, F1 = 2 * (1/15) / (16/15) = 1/8).
     assert correctness(episode(LONG_RIGHT), question, reward(correctness="em", length_guard_words=12)) == 0.0
@@ -105,7 +105,7 @@ def test_length_guard_zeroes_a_long_cover_em_answer_and_only_cover_em():
 
 def test_em_and_f1_hand_computed():
     question = short_question(["Gustave Eiffel"])
-    em, f1, cover = reward(correctness="em"), reward(correctness="f1"), reward()
+    em, f1, cover = reward(correctness="em"), reward(correctness="f1"), reward(correctness="cover_em")
     # "Eiffel": EM 0; F1 overlap 1, precision 1/1, recall 1/2 -> 2/3; Cover-EM 0 (the gold is not inside).
     assert correctness(episode("Eiffel"), question, em) == 0.0
     assert correctness(episode("Eiffel"), question, f1) == pytest.approx(2 / 3)
@@ -222,10 +222,12 @@ def test_no_gold_passages_scores_zero():
     assert evidence(episode("Dijon"), short_question(["Dijon"])) == 0.0
 
 
-def test_reward_parts_has_exactly_the_four_parts_unweighted():
+def test_reward_parts_has_exactly_the_five_parts_unweighted():
     config = reward(correctness_weight=5.0, cost_weight=0.3, cost_unit="rounds")
     parts = reward_parts(episode("Dijon"), short_question(["Dijon"]), ["consolidator", "answer"], config)
-    assert parts == {"correctness": 1.0, "format": pytest.approx(2 / 3), "cost": -2.0, "evidence": 0.0}
+    # A trace without credit has no process reward to give.
+    assert parts == {"correctness": 1.0, "format": pytest.approx(2 / 3), "cost": -2.0, "evidence": 0.0,
+                     "process": 0.0}
     assert tuple(parts) == PARTS
 
 
@@ -260,13 +262,14 @@ def test_wrappers_return_one_float_per_completion_in_order():
                  as_json(short_question(["Dijon"], gold))]
     functions, weights = reward_functions(config, ["consolidator", "answer"])
     assert [get_callable_name(f) for f in functions] == list(PARTS)  # what TRL logs under rewards/<name>/mean
-    assert weights == [1.0, 0.1, 0.05, 0.2]
+    assert weights == [1.0, 0.1, 0.05, 0.2, 0.5]
     by_part = {f.__name__: trl_call(f, traces, questions) for f in functions}
     assert by_part == {
-        "correctness": [1.0, 0.0, 0.0],  # right; right but 16 words (guard 12); wrong
+        "correctness": [1.0, 0.0, 0.0],  # EM: right; the gold inside 16 words; wrong
         "format": [pytest.approx(2 / 3), 1.0, pytest.approx(2 / 3)],  # q2: its one consolidator call and the answer
-        "cost": [-1.5, 0.0, -1.5],
+        "cost": [-1.5, 0.0, 0.0],  # only a right rollout pays (charge_cost: right); q2 retrieved nothing anyway
         "evidence": [1.0, 0.0, 1.0],  # p5 retrieved (though not kept); q2 has no gold passages
+        "process": [0.0, 0.0, 0.0],  # traces without credit
     }
     assert all(type(value) is float for values in by_part.values() for value in values)
     # Records themselves are accepted too, and a function survives pickling (TRL's documented reward forms).

@@ -116,8 +116,62 @@ def is_main_rank() -> bool:
     return int(os.environ.get("RANK") or 0) == 0
 
 
+REWARD_SETTINGS_FILE = "reward_settings.json"  # in each role's trainer folder: what its checkpoints were trained on
+
+
+def reward_settings(recipe: Recipe) -> dict[str, Any]:
+    """What decides the reward and its advantages: `rl.reward` and the GRPO options that shape the signal. A run
+    resumed, or a finished role skipped, under other settings would mix or pass off two objectives as one."""
+    grpo = recipe.rl.grpo
+    return {"reward": dataclasses.asdict(recipe.rl.reward), "scale_rewards": grpo.get("scale_rewards"),
+            "mask_truncated_completions": grpo.get("mask_truncated_completions"), "beta": grpo.get("beta"),
+            "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature}
+
+
+def _settings_differ(recorded: Any, current: dict[str, Any]) -> list[str]:
+    if not isinstance(recorded, dict):
+        return ["(none recorded)"]
+    flat = lambda d: {f"{k}.{kk}" if isinstance(v, dict) else k: vv  # noqa: E731
+                      for k, v in d.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])}
+    old, new = flat(recorded), flat(current)
+    return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+
+
+def check_reward_settings(recipe: Recipe, role: str, recorded: Any, where: Path) -> None:
+    """Refuse in one line to resume or skip a role trained under other reward settings."""
+    changed = _settings_differ(recorded, reward_settings(recipe))
+    if changed:
+        raise MapsTrainError(f"{where}: rl {role} was trained under other reward settings ({', '.join(changed)} "
+                             f"differ); use another rl.output_dir, or remove it to retrain")
+
+
 def is_finished(recipe: Recipe, role: str) -> bool:
-    return (rl_adapter_dir(recipe, role) / SUMMARY_FILE).is_file()
+    """The role's adapter is finished (its summary written last); one trained under other reward settings is
+    refused, not skipped."""
+    path = rl_adapter_dir(recipe, role) / SUMMARY_FILE
+    if not path.is_file():
+        return False
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")).get("reward_settings")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    check_reward_settings(recipe, role, recorded, path)
+    return True
+
+
+def record_reward_settings(recipe: Recipe, role: str) -> None:
+    """Write the role's reward settings beside its checkpoints, or refuse a resume under other ones."""
+    from maps_train.paths import write_text_atomic
+
+    path = rl_trainer_dir(recipe, role) / REWARD_SETTINGS_FILE
+    if path.is_file():
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = None
+        check_reward_settings(recipe, role, recorded, path)
+        return
+    write_text_atomic(path, json.dumps(reward_settings(recipe), indent=2) + "\n")
 
 
 def check_rl_config(recipe: Recipe) -> None:
@@ -246,7 +300,9 @@ def load_policy_model(recipe: Recipe, role: str, dtype: str):
 
     model = sft.load_student(recipe, sft.Precision(dtype=dtype, bf16=False))
     if recipe.rl.init == "base":
-        return model, sft.build_lora_config(recipe.train)
+        lora = sft.build_lora_config(recipe.train)
+        lora.lora_dropout = 0.0  # see without_dropout
+        return model, lora
     from peft import PeftModel
 
     from maps_train.models.resolve import require_safetensors_adapter
@@ -256,7 +312,19 @@ def load_policy_model(recipe: Recipe, role: str, dtype: str):
         raise MapsTrainError(f"{source}: no distilled adapter for rl.roles '{role}' (rl.init: distilled reads "
                              "rl.adapters_dir, else train.output_dir; rl.init: base starts a fresh LoRA)")
     require_safetensors_adapter(source, f"rl.adapters_dir/{adapter_of(recipe, role)}")
-    return PeftModel.from_pretrained(model, str(source), is_trainable=True), None
+    return without_dropout(PeftModel.from_pretrained(model, str(source), is_trainable=True)), None
+
+
+def without_dropout(model):
+    """Every dropout of the policy off. TRL scores the sampled tokens with the model in train mode, where LoRA
+    dropout would make the log-probabilities it trains on differ from the ones the tokens were sampled with (the
+    policy samples in eval mode): the importance ratio would be noise, not the policy's change."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
 
 
 # -- the rollout function -------------------------------------------------------------------------------------------
@@ -314,6 +382,7 @@ class MapsRollouts:
             "logprobs": [r.sample.logprobs for r in rollouts],
             "trace": [r.trace.to_dict() for r in rollouts],
             "question": [r.question.to_dict() for r in rollouts],
+            "branch_call": [r.branch_call for r in rollouts],  # the process and format parts score this call
         }
 
     def _group_questions(self, prompts: list[str]) -> list[Question]:
@@ -363,6 +432,8 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     out_dir, checkpoints = rl_adapter_dir(recipe, role), rl_trainer_dir(recipe, role)
     for folder in (out_dir, checkpoints):
         mark_folder(folder, role)
+    if is_main_rank():
+        record_reward_settings(recipe, role)
     precision = sft.choose_precision(dataclasses.replace(recipe.train, sft={"bf16": recipe.rl.grpo.get("bf16")}))
     wandb_on = tracking.wandb_environment(recipe.wandb, recipe.name)
     args = build_grpo_config(recipe, role, precision.bf16, wandb_on)
@@ -504,6 +575,7 @@ def role_summary(recipe: Recipe, role: str, trainer, result, seconds: float) -> 
         "num_generations": recipe.rl.num_generations,
         "rollout": "hf" if recipe.rl.rollout == "hf" else f"vllm/{trainer.args.vllm_mode}",
         "beta": recipe.rl.grpo.get("beta"),
+        "reward_settings": reward_settings(recipe),
         "wall_seconds": round(seconds, 2),
     }
 
