@@ -4,6 +4,7 @@ every shipped recipe and suite passing on the hardware it names, and a model rea
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,41 @@ def test_qwen3_6_is_sized_from_its_own_config_json():
     assert plan.problems == []
     (engine,) = [row for row in plan.rows if row.process.startswith("vLLM ")]
     assert engine.note.startswith("weights 34.7 GB")  # tensor parallel 2: 69.4 GB of bf16 over two GPUs
+
+
+# ---- the machine it runs on -------------------------------------------------------------------------------------
+
+def _fake_nvidia_smi(folder: Path, mib: list[int]) -> str:
+    """A PATH holding an `nvidia-smi` that answers the memory query as the real one does (index, MiB)."""
+    script = folder / "nvidia-smi"
+    lines = "".join(f"{index}, {size}\\n" for index, size in enumerate(mib))
+    script.write_text(f"#!/bin/sh\nprintf '{lines}'\n", encoding="utf-8")
+    script.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_the_plan_warns_when_this_machine_has_fewer_or_smaller_gpus(tmp_path, monkeypatch):
+    """The 4B recipe states 8 x 80 GB. On a machine whose nvidia-smi shows one 81,559 MiB GPU (85.5 GB) the plan
+    still plans the stated machine but warns in one line; with CUDA_VISIBLE_DEVICES naming 8 of 8 such GPUs it says
+    nothing; 8 x 40,960 MiB (42.9 GB) are smaller and warned about; `maps-train train` warns the same way."""
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, [81559]))
+    result = CliRunner().invoke(_app(), ["plan", "recipes/distill/qwen3-4b.yaml"])
+    assert result.exit_code == 0
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith("maps-train: warning: this machine has 1 GPU(s), the smallest 85.5 GB, fewer or "
+                              "smaller than the 8 x 80 GB the plan is for")
+    (tmp_path / "eight").mkdir()
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path / "eight", [81559] * 8))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert CliRunner().invoke(_app(), ["plan", "recipes/distill/qwen3-4b.yaml"]).stderr == ""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert "this machine has 2 GPU(s)" in CliRunner().invoke(_app(), ["plan", "recipes/distill/qwen3-4b.yaml"]).stderr
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    (tmp_path / "small").mkdir()
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path / "small", [40960] * 8))
+    from maps_train.plan.preflight import check_stage
+
+    warnings = []
+    check_stage("serve", "recipes/distill/qwen3-4b.yaml", [], warn=warnings.append)
+    assert warnings == [warning.replace("maps-train: warning: this machine has 1 GPU(s), the smallest 85.5 GB",
+                                        "maps-train: warning: serve: this machine has 8 GPU(s), the smallest 42.9 GB")]

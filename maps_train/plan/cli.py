@@ -18,9 +18,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Memory per device and placement of every stage (index, engines, training per adapter, serving), before
         anything starts: a table and exit 0 when it all fits, else one line per thing that does not (exit 2)."""
+        from maps_train.plan.preflight import machine_warnings
         from maps_train.plan.stages import format_plan, make_plan
 
         plan = make_plan(path, overrides or [], gpus, gpu_memory_gb, memory_gb)
+        for line in machine_warnings(plan.hardware):
+            typer.echo(f"maps-train: warning: {line}", err=True)
         typer.echo(format_plan(plan), nl=False)
         for problem in plan.problems:
             typer.echo(f"maps-train: plan refused: {problem}", err=True)

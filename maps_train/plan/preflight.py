@@ -2,14 +2,16 @@
 
 `maps-train traces`, `train`, `serve`, `eval` and `rl` call `check_stage` first (maps_train/cli.py wraps them: the stage
 packages sit below the plan and cannot import it). The check uses the hardware the recipe states (`hardware:`,
-the user's own statement; nothing probes the machine), so a refusal says how to state another machine or skip
-the check. A model or corpus whose size is not at hand (not cached here, not shipped) never blocks: the run may be
+the user's own statement), so a refusal says how to state another machine or skip the check; where nvidia-smi
+shows fewer or smaller GPUs than stated, one warning line says so (`machine_warnings`). A model or corpus whose size is not at hand (not cached here, not shipped) never blocks: the run may be
 on a machine that has it, so one warning line and the command goes on. No torch or vLLM is imported.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +55,46 @@ def plan_of_stage(stage: str, inputs: Any, num_machines: int | None = None) -> P
     return plan
 
 
+def visible_gpu_memory_gb() -> list[float] | None:
+    """The memory of each GPU this process may use (after CUDA_VISIBLE_DEVICES), in 10^9 bytes, as nvidia-smi
+    reports it; [] when the machine shows none; None when it cannot tell (no nvidia-smi: maybe a login node)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = {}
+    for line in out.splitlines():
+        index, _, mib = line.partition(",")
+        if index.strip().isdigit() and mib.strip().replace(".", "", 1).isdigit():
+            sizes[index.strip()] = float(mib) * 2**20 / 1e9
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(sizes.values())
+    chosen = [part.strip() for part in visible.split(",") if part.strip()]
+    if all(part.isdigit() for part in chosen):
+        return [sizes[part] for part in chosen if part in sizes]
+    return list(sizes.values())[: len(chosen)]  # UUIDs or MIG names: as many GPUs as named
+
+
+def machine_warnings(hardware, measured: list[float] | None = None) -> list[str]:
+    """One line when the machine this runs on has fewer or smaller GPUs than `hardware` states (the plan is for the
+    stated machine); nothing when it cannot tell. `measured`: `visible_gpu_memory_gb()`, read here by default."""
+    measured = visible_gpu_memory_gb() if measured is None else measured
+    if measured is None or not hardware.gpus:
+        return []
+    stated = f"{hardware.gpus} x {hardware.gpu_memory_gb:g} GB"
+    smallest = min(measured, default=0.0)
+    if len(measured) < hardware.gpus or smallest < hardware.gpu_memory_gb:
+        seen = f"{len(measured)} GPU(s)" + (f", the smallest {smallest:.1f} GB" if measured else "")
+        return [f"this machine has {seen}, fewer or smaller than the {stated} the plan is for (hardware:); state "
+                f"this machine (--gpus, --gpu-memory-gb, or hardware.gpus / hardware.gpu_memory_gb) to plan for it"]
+    return []
+
+
 def _how_to_override(stage: str) -> str:
     where = "the systems' recipes' hardware:" if stage == "eval" else "hardware.gpus=N hardware.gpu_memory_gb=G"
     return f"if this machine differs, state it ({where}) or skip the check with --no-plan ({NO_PLAN_ENV}=1)"
@@ -70,6 +112,8 @@ def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_confi
     except MapsTrainError as err:  # sizes not at hand here (model, corpus): the command may still run
         warn(f"maps-train: warning: {stage}: not planned ({err}); going on")
         return
+    for line in machine_warnings(plan.hardware):
+        warn(f"maps-train: warning: {stage}: {line}")
     if not plan.problems:
         return
     for problem in plan.problems:
