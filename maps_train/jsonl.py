@@ -2,32 +2,63 @@
 
 Lines are read as bytes and decoded one by one through `maps_train.safejson`, so invalid UTF-8, JSON nested
 thousands deep or a 5,000-digit number is a one-line error naming the line, never a traceback. A reader may cap
-a line's bytes (`max_line_bytes`): the line is read only up to the cap, so a 200 MB line is refused without
-being held. An OS error while reading (EIO, a folder or a symlink loop where the file should be) is one line
+a line's bytes (`max_line_bytes`, by default `MAX_RECORD_LINE_BYTES`): the line is read only up to the cap, so a
+200 MB line, or a link to an endless device, is refused without being held. Only regular files are read (a FIFO,
+a device or a socket at the path, or a link to one, is one line naming the path, without opening it in a way that
+could block). An OS error while reading (EIO, a folder or a symlink loop where the file should be) is one line
 naming the file.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 from typing import Any
 
 from maps_train import safejson
 from maps_train.errors import MapsTrainError, io_errors
 
 UTF8_BOM = b"\xef\xbb\xbf"
+# A record line's cap when a reader names none (answers, traces, results read back on resume): a trace holds every
+# role call verbatim, far below this, and a line is never held past it.
+MAX_RECORD_LINE_BYTES = 64 * 1024 * 1024
 
 
-def iter_lines(path: Path, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line without its newline, whether a newline ended it) for every line of `path`.
+def open_regular(path: Path, flags: int, action: str) -> BinaryIO:
+    """`path` opened with `os.open` flags as a binary file, never blocking on the open: for reading, only a regular
+    file (a link to one counts; a FIFO, device or socket is a `MapsTrainError` naming the path, so a link to an
+    endless device is never read); for appending, a FIFO without a reader is refused (ENXIO) instead of blocking
+    the run forever. The non-blocking flag is cleared once the file is checked."""
+    with io_errors(path, action):
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            if not flags & (os.O_WRONLY | os.O_RDWR) and not stat.S_ISREG(mode):
+                raise MapsTrainError(f"{path}: not a regular file (a FIFO, device or socket, or a link to one); "
+                                     "only regular files are read here")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "ab" if flags & os.O_APPEND else "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
-    With `max_line_bytes`, a line longer than that (its newline not counted) is a `MapsTrainError` naming the
-    line, raised after reading at most that many bytes of it.
+
+def iter_lines(path: Path, max_line_bytes: int | None = MAX_RECORD_LINE_BYTES) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, line without its newline, whether a newline ended it) for every line of `path`, a regular
+    file (anything else is one error line).
+
+    With `max_line_bytes` (by default `MAX_RECORD_LINE_BYTES`), a line longer than that (its newline not counted)
+    is a `MapsTrainError` naming the line, raised after reading at most that many bytes of it.
     """
     # readline(-1) reads a whole line; a cap reads one byte past it, enough to tell "too long" from "just fits"
     cap = -1 if max_line_bytes is None else max_line_bytes + 1
-    with io_errors(path, "read"), path.open("rb") as handle:
+    with open_regular(path, os.O_RDONLY, "read") as handle, io_errors(path, "read"):
         number = 0
         while line := handle.readline(cap):
             number += 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from scripted_backend import RecordingRetriever, ScriptedBackend
 
-from maps_train import cli
+from maps_train import cli, jsonl
 from maps_train.agents import run_method
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.datasets import load_gpqa_csv
@@ -175,8 +175,8 @@ class EIOFile:
 def test_a_read_error_is_one_line_naming_the_file(tmp_path, monkeypatch):
     path = tmp_path / "answers.jsonl"
     path.write_text('{"question_id": "q1", "answer": "x"}\n')
-    real_open = Path.open
-    monkeypatch.setattr(Path, "open", lambda self, *a, **k: EIOFile() if self == path else real_open(self, *a, **k))
+    real_open = jsonl.open_regular
+    monkeypatch.setattr(jsonl, "open_regular", lambda where, *a: EIOFile() if where == path else real_open(where, *a))
     with pytest.raises(MapsTrainError) as err:
         KeyedJsonl(path).load()
     one_line_error(err, f"{path}: cannot read: Input/output error")

@@ -14,13 +14,14 @@ last line, which the next run cuts off.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from maps_train import safejson
 from maps_train.errors import MapsTrainError, io_errors, os_error_line
-from maps_train.jsonl import decode_object, iter_lines
+from maps_train.jsonl import decode_object, iter_lines, open_regular
 
 Key = str | tuple[str, ...]
 
@@ -97,9 +98,9 @@ class KeyedJsonl:
         try:
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
+                self._handle = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append")
             # One write per record, flushed: a kill loses at most the record being written.
-            self._handle.write(line)
+            self._handle.write(line.encode("utf-8"))
             self._handle.flush()
         except OSError as err:
             self._drop_handle()  # a later append reopens the file rather than reuse a failed handle
