@@ -4,7 +4,9 @@ thinking on and off, Qwen3.6 with thinking on and off.
 `TemplateModel` stands in for a Qwen3 model behind the project's own prompt code: each request is rendered by
 `llm.common.render_prompt` with the template under test (an error fails the run), a script writes what the model
 would generate after that prompt, and the reply is cut at the stop string and split into reasoning and answer as
-the real backends do (`cut_at_stop`, `split_thinking` with `generation_opens_thinking`). The scripts write
+the real backends do (`first_stop`, `split_thinking` with `generation_opens_thinking`). A call cut at a stop string
+inside its reasoning is continued by the router (`llm.budget`): the double then writes the rest of the same
+generation (or, when nothing was left after the stop string, the script's next step). The scripts write
 Qwen3-shaped text: reasoning blocks in several turns (`<think>\\n...\\n</think>\\n\\n`, Qwen3's layout: the
 backends strip other whitespace around reasoning), tool tags inside and outside them. The end-to-end runs at the
 bottom use the real tiny Qwen3 through the hf backend.
@@ -30,7 +32,16 @@ from maps_train.agents.baselines.s3 import S3Engine
 from maps_train.agents.baselines.search_o1 import BEGIN_QUERY, END_QUERY
 from maps_train.agents.registry import engine_class
 from maps_train.agents.schedule import run_all
-from maps_train.llm.common import call_spec, cut_at_stop, generation_opens_thinking, render_prompt, split_thinking
+from maps_train.llm.common import (
+    FittedPrompt,
+    call_spec,
+    ends_inside_thinking,
+    first_stop,
+    fit_request,
+    generation_opens_thinking,
+    render_prompt,
+    split_thinking,
+)
 from maps_train.llm.router import Router
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
@@ -81,10 +92,14 @@ class TemplateModel:
     finish_reason). Where the prompt already opened the think block (Qwen3.6's generation prompt), the model
     writes from inside it, so a leading `<think>\\n` of the script is not generated."""
 
-    def __init__(self, tokenizer, routes: dict[str, RoleRoute], scripts):
+    def __init__(self, tokenizer, routes: dict[str, RoleRoute], scripts, max_model_len: int | None = None):
+        """`max_model_len`: fit each prompt into this context as the real backends do (`fit_request`)."""
         self.tokenizer, self.routes, self.scripts = tokenizer, routes, scripts
+        self.max_model_len = max_model_len
+        self.fitted: list[FittedPrompt] = []
         self.sent: list[Sent] = []
         self._turns: dict[tuple[str, str | None], int] = {}
+        self._rest: dict[tuple[str, str | None], str] = {}  # what a generation stopped inside its reasoning had left
 
     def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
         routes = routes or [self.routes.get(r.role, self.routes["default"]) for r in requests]
@@ -92,20 +107,33 @@ class TemplateModel:
 
     def _one(self, request: ChatRequest, route: RoleRoute) -> Completion:
         spec = call_spec(request, route)
-        prompt = render_prompt(self.tokenizer, spec)
+        fitting: dict = {}
+        if self.max_model_len is None:
+            prompt = render_prompt(self.tokenizer, spec)
+        else:
+            fitted = fit_request(self.tokenizer, spec, self.max_model_len, "shrink")
+            self.fitted.append(fitted)
+            prompt, fitting = fitted.text, fitted.completion_fields()
         key = (request.role, request.question_id)
-        turn = self._turns.get(key, 0)
-        self._turns[key] = turn + 1
-        written = self.scripts[request.role](request, turn)
-        generated, finish = written if isinstance(written, tuple) else (written, "stop")
         opened = generation_opens_thinking(prompt, spec)
-        if opened:  # the template opened the block: the model writes no opening tag of its own
-            generated = generated.removeprefix(THINK).removeprefix("<think>")
-        self.sent.append(Sent(request, prompt, generated))
-        text, _ = cut_at_stop(generated, request.stop)
+        if key in self._rest:
+            generated, finish = self._rest.pop(key), "stop"
+        else:
+            turn = self._turns.get(key, 0)
+            self._turns[key] = turn + 1
+            written = self.scripts[request.role](request, turn)
+            generated, finish = written if isinstance(written, tuple) else (written, "stop")
+            if opened:  # the template opened the block: the model writes no opening tag of its own
+                generated = generated.removeprefix(THINK).removeprefix("<think>")
+        text, stop = first_stop(generated, request.stop)
         answer, reasoning = split_thinking(text, opened)
-        return Completion(text=answer, reasoning=reasoning, generated=text, completion_tokens=len(generated.split()),
-                          model="template-double", finish_reason=finish, role=request.role)
+        rest = generated[len(text) + len(stop or "") :]
+        if stop is not None and rest and ends_inside_thinking(text, reasoning):
+            self._rest[key] = rest  # continued past the stop string, the model writes on
+        self.sent.append(Sent(request, prompt, text + (stop or "")))
+        return Completion(text=answer, reasoning=reasoning, generated=text, completion_tokens=len(text.split()),
+                          model="template-double", finish_reason=finish if stop is None else "stop",
+                          stop_string=stop, role=request.role, **fitting)
 
     def calls(self, role: str, question_id: str = "q0") -> list[Sent]:
         return [s for s in self.sent if s.request.role == role and s.request.question_id == question_id]
@@ -125,12 +153,15 @@ def steps(*texts):
     return lambda request, turn: texts[min(turn, len(texts) - 1)]
 
 
+# Each continuing role's steps write a tag inside their reasoning once (not an action: the router continues the
+# generation past its stop string), reasoning blocks in several turns, and actions after the reasoning.
 PARALLEL_SEARCH_STEPS = steps(
     f"{THINK}I need two facts about the tower.\n</think>\n\n"
     "<search>Eiffel Tower engineer ## Gustave Eiffel born</search>",
-    f"{THINK}The engineer is Gustave Eiffel, so <search>Gustave Eiffel Dijon</search>",  # a search inside reasoning
+    f"{THINK}The engineer is Gustave Eiffel, so <search>Gustave Eiffel Dijon</search>",  # a tag inside reasoning
     # still inside that block: it closes, then a second reasoning block in the same generation
     "He was born in Dijon.\n</think>\n\n<think>\nOne more check.\n</think>\n\n<search>Dijon Burgundy</search>",
+    f"{THINK}Confirm the region.\n</think>\n\n<search>Burgundy region</search>",
     f"{THINK}Dijon is in Burgundy; the answer is Dijon.\n</think>\n\n<answer>Dijon</answer>",
 )
 S3_STEPS = steps(
@@ -138,11 +169,13 @@ S3_STEPS = steps(
     '<search_complete>False</search_complete>\n<query>{"query": "Gustave Eiffel birthplace"}</query>',
     f'{THINK}Doc 2 says it. <important_info>[2]</important_info> Still, <query>{{"query": "Dijon"}}</query>',
     'Dijon is in Burgundy.\n</think>\n\n<query>{"query": "Burgundy region"}</query>',
+    f'{THINK}One more.\n</think>\n\n<important_info>[1, 2]</important_info><query>{{"query": "Dijon city"}}</query>',
     f"{THINK}Enough now.\n</think>\n\n<search_complete>True</search_complete>",
 )
 SEARCH_O1_STEPS = steps(
-    f"{THINK}I need the engineer first.\n{BEGIN_QUERY}Eiffel Tower engineer{END_QUERY}",  # a query inside reasoning
-    f"So it is Gustave Eiffel.\n</think>\n\nNow his birthplace.\n{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY}",
+    f"{THINK}I need the engineer first.\n{BEGIN_QUERY}Eiffel Tower engineer{END_QUERY}",  # a marker inside reasoning
+    f"So I search after thinking.\n</think>\n\n{BEGIN_QUERY}Eiffel Tower engineer{END_QUERY}",
+    f"So it is Gustave Eiffel.\n<think>\nNow his birthplace.\n</think>\n\n{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY}",
     f"{THINK}He was born in Dijon.\n</think>\n\nThe answer is \\boxed{{Dijon}}.",
 )
 DIJON = thinking_first(lambda request, turn: "Dijon")
@@ -176,14 +209,18 @@ METHODS = {  # name -> (recipe overrides, scripts, the continuing role or None)
 CONTINUING = [name for name, (_, _, role) in METHODS.items() if role]
 
 
-def run_through_template(tokenizers, case: str, overrides, scripts, questions=None):
-    """One method over the template of `case`, through the real router; returns (traces, model double)."""
+def run_through_template(tokenizers, case: str, overrides, scripts, questions=None, *, max_tokens=64,
+                         max_model_len=None, retriever=None, reasoning_cap=None):
+    """One method over the template of `case`, through the real router; returns (traces, model double).
+    `max_model_len`: the double fits every prompt into that context (see `TemplateModel`)."""
     template, thinking = CASES[case]
     recipe = load_recipe(None, ["agent.top_k=2", "agent.max_rounds=3", *overrides])
-    routes = {"default": RoleRoute(backend="hf", model="qwen3-template", enable_thinking=thinking, max_tokens=64)}
+    routes = {"default": RoleRoute(backend="hf", model="qwen3-template", enable_thinking=thinking,
+                                   max_tokens=max_tokens)}
     recipe.roles = routes
-    model = TemplateModel(tokenizers[template], routes, scripts)
-    engine = engine_class(recipe.agent.method)(recipe, Router(routes, backends={"hf": model}), RecordingRetriever())
+    model = TemplateModel(tokenizers[template], routes, scripts, max_model_len)
+    router = Router(routes, backends={"hf": model}, reasoning_cap=reasoning_cap)
+    engine = engine_class(recipe.agent.method)(recipe, router, retriever or RecordingRetriever())
     traces = run_all(engine, questions or [Question(id="q0", question=QUESTION, dataset="toy")], "step")
     return traces, model
 
@@ -210,22 +247,33 @@ def test_a_continued_turn_holds_everything_the_model_wrote_byte_for_byte(tokeniz
     (trace,), model = run_through_template(tokenizers, case, overrides, scripts)
     calls = model.calls(role)
     turn_rounds = trace.rounds[1:] if method == "s3" else trace.rounds  # S3's round 1 is its initial retrieval
-    assert len(calls) == len(turn_rounds) >= 3
-    for before, after, round_ in zip(calls, calls[1:], turn_rounds):
+    reasoner_calls = [c for r in turn_rounds for c in r.calls if c.role == role]
+    # One call per step, and one more for each stop string that fired inside the reasoning (written past).
+    assert len(turn_rounds) >= 3 and len(calls) == len(turn_rounds) + 1
+    assert sum(c.usage.stops_in_reasoning for c in reasoner_calls) == 1
+    assert trace.cost.by_role[role].stops_in_reasoning == 1
+    spliced_texts = []
+    for before, after in zip(calls, calls[1:]):
         # The next prompt is this prompt, then exactly what the model generated (its stop tag put back), then only
-        # the spliced tool result.
+        # the spliced tool result (nothing when the generation went on past a stop string inside its reasoning).
         kept = before.prompt + before.generated
         assert after.prompt.startswith(kept), f"{method}/{case}: the turn was not read back byte for byte"
-        spliced = after.prompt[len(kept) :]
-        assert round_.observation and round_.observation in spliced
-    reasoner_calls = [c for r in turn_rounds for c in r.calls if c.role == role]
+        spliced_texts.append(after.prompt[len(kept) :])
+    observations = [r.observation for r in turn_rounds if r.observation]
+    assert [t for t in spliced_texts if t] and all(o in "".join(spliced_texts) for o in observations)
+    assert spliced_texts.count("") == 1
     assert all(c.reasoning for c in reasoner_calls)  # a reasoning block in every step
     assert trace.final_answer == "Dijon"
     if method == "parallel_search":
         assert [r.extra["action"] for r in trace.rounds] == ["search", "search", "search", "answer"]
+        assert [r.sub_queries for r in trace.rounds[:3]] == [
+            ["Eiffel Tower engineer", "Gustave Eiffel born"], ["Dijon Burgundy"], ["Burgundy region"]]
     if method == "s3":
         assert [r.extra["action"] for r in turn_rounds] == ["search", "search", "search", "complete"]
-        assert trace.rounds[2].extra["kept"]  # `<important_info>` inside the reasoning counted
+        assert "kept" not in trace.rounds[2].extra  # `<important_info>` inside the reasoning does not count
+        assert trace.rounds[3].extra["kept"]
+    if method == "search_o1":
+        assert [r.sub_queries for r in trace.rounds] == [["Eiffel Tower engineer"], ["Gustave Eiffel birthplace"], []]
 
 
 # Generations whose spacing is not Qwen3's own layout (no newline after `<think>`, none before `</think>`, spaces

@@ -144,13 +144,13 @@ def test_caps_are_counted_per_role_in_the_trace_the_cost_and_the_report(tmp_path
     row = {"system": "maps", "dataset": "toy", "question_id": "q1", "cost": run.cost.to_dict(), "compute_flops": None}
     summary = summarize([row, {**row, "question_id": "q2"}])
     assert summary["cells"]["maps"]["Avg"]["caps"]["by_role"]["answer"] == {
-        "reasoning_capped_calls": 2, "length_capped_calls": 2
+        "reasoning_capped_calls": 2, "length_capped_calls": 2, "stops_in_reasoning": 0
     }
     write_markdown(summary, tmp_path / "report.md")
     report = (tmp_path / "report.md").read_text()
-    assert "| maps | answer | 2 | 2 |" in report
-    assert "| maps | long_answer | 0 | 2 |" in report
-    assert "| maps | all | 2 | 4 |" in report
+    assert "| maps | answer | 2 | 2 | 0 |" in report
+    assert "| maps | long_answer | 0 | 2 | 0 |" in report
+    assert "| maps | all | 2 | 4 | 0 |" in report
 
 
 def test_tiny_qwen3_cut_inside_its_reasoning_is_counted_and_the_follow_up_runs(hf_tiny_qwen3, tiny_qwen3):

@@ -169,7 +169,7 @@ class StandInLLM:
 
     def _step(self):
         ids = self.tokenizer(self.reply, add_special_tokens=False)["input_ids"]
-        sample = SimpleNamespace(text=self.reply, token_ids=ids, finish_reason="stop")
+        sample = SimpleNamespace(text=self.reply, token_ids=ids, finish_reason="stop", stop_reason=None)
         done, self.pending = self.pending, []
         return [SimpleNamespace(request_id=rid, finished=True, outputs=[sample], prompt_token_ids=p["prompt_token_ids"])
                 for rid, p in done]
@@ -330,16 +330,17 @@ def test_openai_client_sends_a_raw_continuation_as_the_rendered_prompt_to_comple
 
 
 def o1_script(prompt: str) -> str:
-    """The reasoner searches inside its thinking on the first turn (past the stop string, which the backend cuts)
-    and answers on the second; the condenser (thinking off) condenses."""
+    """The reasoner searches after its thinking on the first turn (past the stop string, which the backend cuts)
+    and thinks again, then answers, on the second; the condenser (thinking off) condenses."""
     if "paused in the middle of its reasoning" in prompt:
         return "**Final Information**\n\nGustave Eiffel was born in Dijon."
     if BEGIN_RESULT not in prompt.rsplit("<|im_start|>assistant", 1)[-1]:
-        return f"<think>\nI need the engineer's birthplace.\n{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY} trailing"
-    return "So he was born in Dijon.\n</think>\n\nThe answer is \\boxed{Dijon}."
+        return (f"<think>\nI need the engineer's birthplace.\n</think>\n\n{BEGIN_QUERY}Gustave Eiffel birthplace"
+                f"{END_QUERY} trailing")
+    return "<think>\nSo he was born in Dijon.\n</think>\n\nThe answer is \\boxed{Dijon}."
 
 
-def test_search_o1_with_thinking_continues_its_own_turn_raw_with_the_results_inside_the_reasoning(
+def test_search_o1_with_thinking_continues_its_own_turn_raw_with_the_results_after_the_reasoning(
     hf_tiny_qwen3, tiny_qwen3
 ):
     recipe = load_recipe(None, ["agent.method=search_o1", "agent.top_k=2"])
@@ -364,23 +365,24 @@ def test_search_o1_with_thinking_continues_its_own_turn_raw_with_the_results_ins
     assert first.raw_continuation is None and first.messages[-1]["role"] == "user"
     # The second turn: the conversation as before, the model's own turn (reasoning, query, result) as raw text.
     turn = (
-        f"<think>\nI need the engineer's birthplace.\n{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY}"
+        f"<think>\nI need the engineer's birthplace.\n</think>\n\n{BEGIN_QUERY}Gustave Eiffel birthplace{END_QUERY}"
         f"\n\n{BEGIN_RESULT}Gustave Eiffel was born in Dijon.{END_RESULT}\n\n"
     )
     assert second.raw_continuation == turn and second.messages == first.messages
-    assert not second.continue_final_message and inside_thinking(turn)
+    assert not second.continue_final_message and not inside_thinking(turn)
     sent = [p for p in prompts if BEGIN_RESULT in p.rsplit("<|im_start|>assistant", 1)[-1]]  # not the instructions
     assert sent == [render_prompt(hf_tiny_qwen3.tokenizer, call_spec(first, routes["reasoner"])) + turn]
-    assert sent[0].count("<|im_start|>assistant") == 1 and "</think>" not in sent[0]  # one turn, still thinking
-    # The trace keeps the partial turn as the last (assistant) message, the query read from inside the reasoning.
+    assert sent[0].count("<|im_start|>assistant") == 1 and sent[0].count("</think>") == 1  # one turn
+    # The trace keeps the partial turn as the last (assistant) message, the query read after the reasoning.
     calls = [c for r in trace.rounds for c in r.calls if c.role == "reasoner"]
     assert calls[1].messages[-1] == {"role": "assistant", "content": turn}
     assert calls[0].parsed == {"query": "Gustave Eiffel birthplace"} and calls[0].parse_ok
-    assert calls[0].raw_text == "" and calls[0].reasoning.startswith("I need the engineer's birthplace.")
+    assert calls[0].raw_text == f"{BEGIN_QUERY}Gustave Eiffel birthplace"
+    assert calls[0].reasoning == "I need the engineer's birthplace."
     assert [r.extra["action"] for r in trace.rounds] == ["search", "answer"] and trace.final_answer == "Dijon"
     assert calls[1].reasoning == "So he was born in Dijon." and calls[1].raw_text == "The answer is \\boxed{Dijon}."
     # The reasoning tokens are booked on each call and on the cost (agents/engine.py's usage_of passes them on).
-    assert calls[0].usage.reasoning_tokens == calls[0].usage.completion_tokens > 0  # stopped inside its thinking
+    assert 0 < calls[0].usage.reasoning_tokens < calls[0].usage.completion_tokens
     assert 0 < calls[1].usage.reasoning_tokens < calls[1].usage.completion_tokens
     assert trace.cost.by_role["reasoner"].reasoning_tokens == sum(c.usage.reasoning_tokens for c in calls)
 

@@ -160,6 +160,7 @@ def usage_of(completion: Completion, request: ChatRequest | None = None) -> Call
         prompt_tokens_dropped=int(getattr(completion, "prompt_tokens_dropped", 0) or 0),
         reasoning_capped=capped,
         length_capped=capped or completion.finish_reason == "length",
+        stops_in_reasoning=int(getattr(completion, "stops_in_reasoning", 0) or 0),
     )
 
 
@@ -271,6 +272,8 @@ class Engine:
                 plan.run.cost.add_dropped(plan.role, usage.prompt_tokens_dropped)
             if usage.length_capped:
                 plan.run.cost.add_caps(plan.role, usage.reasoning_capped, usage.length_capped)
+            if usage.stops_in_reasoning:
+                plan.run.cost.add_stops_in_reasoning(plan.role, usage.stops_in_reasoning)
             if not parsed.ok:
                 plan.run.parse_failures[plan.role] += 1
             results.append((call, parsed))

@@ -135,15 +135,23 @@ def _truncation_table(summary: dict[str, Any]) -> list[str]:
 
 
 def _caps_table(summary: dict[str, Any]) -> list[str]:
-    """Per system and role, over all its data sets: calls that hit max_tokens inside the reasoning, and at all."""
-    lines = ["| System | Role | Reasoning-capped calls | Length-capped calls |", "|---|---|---:|---:|"]
+    """Per system and role, over all its data sets: calls that hit max_tokens inside the reasoning, and at all;
+    stop strings that fired inside the reasoning (a tag the model restated while thinking: written past)."""
+    lines = [
+        "| System | Role | Reasoning-capped calls | Length-capped calls | Stops inside reasoning |",
+        "|---|---|---:|---:|---:|",
+    ]
     for system in summary["systems"]:
         caps = summary["cells"][system][AVG]["caps"]
         for role, counts in sorted(caps["by_role"].items()):
             lines.append(
-                f"| {system} | {role} | {counts['reasoning_capped_calls']} | {counts['length_capped_calls']} |"
+                f"| {system} | {role} | {counts['reasoning_capped_calls']} | {counts['length_capped_calls']} | "
+                f"{counts.get('stops_in_reasoning', 0)} |"
             )
-        lines.append(f"| {system} | all | {caps['reasoning_capped_calls']} | {caps['length_capped_calls']} |")
+        lines.append(
+            f"| {system} | all | {caps['reasoning_capped_calls']} | {caps['length_capped_calls']} | "
+            f"{caps.get('stops_in_reasoning', 0)} |"
+        )
     return lines
 
 
@@ -258,7 +266,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         (
             "Reasoning-capped: max_tokens came inside `<think>`; with `backend.reasoning_cap: answer` the reasoning "
             "was closed and the answer asked for in a follow-up call (its tokens are in the cost). Length-capped: "
-            "max_tokens was hit at all."
+            "max_tokens was hit at all. Stops inside reasoning: a stop string (a protocol's closing tag) fired "
+            "inside unclosed `<think>` (the model restating a tag while thinking); generation continued past it "
+            "and no action was taken from it."
         ),
         "",
         *_caps_table(summary),

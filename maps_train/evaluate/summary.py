@@ -52,12 +52,12 @@ def _cell(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return cell
 
 
-CAP_KEYS = ("reasoning_capped_calls", "length_capped_calls")
+CAP_KEYS = ("reasoning_capped_calls", "length_capped_calls", "stops_in_reasoning")
 
 
 def _caps(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Calls that hit max_tokens inside their reasoning, and at all (see `maps_train.llm.budget`), as counts per
-    role and in all."""
+    """Calls that hit max_tokens inside their reasoning, and at all, and stop strings that fired inside the
+    reasoning (see `maps_train.llm.budget`), as counts per role and in all."""
     by_role: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(CAP_KEYS, 0))
     for row in rows:
         for role, usage in row["cost"].get("by_role", {}).items():

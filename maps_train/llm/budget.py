@@ -15,6 +15,13 @@ score as wrong without anyone seeing why. `backend.reasoning_cap` chooses:
 
 Either way the completion is marked `reasoning_capped`, and the trace's usage and the reports count it (beside
 calls that hit the length cap at all, `finish_reason == "length"`).
+
+A stop string that fires inside unclosed reasoning is not where the call ends: a thinking model restates the
+protocol's own tags while it reasons ("I should write <search> ... </search>"), and a tag inside `<think>` is not an
+action. Such a call is continued where it stopped (the stop string put back, as the model wrote it), within what is
+left of its `max_tokens`, until a stop string fires after the reasoning, the model ends its turn, or the budget is
+spent (then the reasoning cap above applies). The continuations come back as ONE completion (tokens and latency
+summed, `stops_in_reasoning` counting them), and the reports count them per system.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from maps_train.llm.common import prompt_opens_thinking
-from maps_train.llm.types import ChatRequest, Completion
+from maps_train.llm.common import cut_span, ends_inside_thinking, prompt_opens_thinking, split_thinking
+from maps_train.llm.types import ChatRequest, Completion, PromptShrinker
 from maps_train.recipe import RoleRoute
 
 # The stop-thinking instruction of the Qwen3 Technical Report (section 4.3), closing the capped reasoning.
@@ -32,6 +39,9 @@ REASONING_CAP_CLOSE = (
     "\n</think>\n\n"
 )
 _THINK_OPEN = "<think>\n"
+# Continuations of one call past stop strings inside its reasoning; a model that keeps restating tags past this
+# many ends the call there (its actions are read outside the reasoning, so it took none).
+MAX_STOPS_IN_REASONING = 16
 
 
 def reasoning_capped(completion: Completion) -> bool:
@@ -55,9 +65,10 @@ class ReasoningCap:
         )
 
     def generate(self, backend: Any, requests: list[ChatRequest], routes: list[RoleRoute]) -> list[Completion]:
-        """`backend.generate(requests, routes)`, with every reasoning-capped completion marked and (policy
-        "answer") answered by ONE batched follow-up call for all of them."""
-        completions = backend.generate(requests, routes)
+        """`backend.generate(requests, routes)`, continued past stop strings that fired inside the reasoning
+        (`continue_past_stops`), with every reasoning-capped completion marked and (policy "answer") answered by ONE
+        batched follow-up call for all of them."""
+        completions = continue_past_stops(backend, requests, routes, backend.generate(requests, routes))
         capped = [i for i, comp in enumerate(completions) if reasoning_capped(comp)]
         for i in capped:
             completions[i].reasoning_capped = True
@@ -87,8 +98,126 @@ class ReasoningCap:
             request,
             raw_continuation=f"{turn}{written}{REASONING_CAP_CLOSE}",
             max_tokens=self.answer_tokens,
-            shrink=None,
+            shrink=ContinuedShrinker(request, f"{written}{REASONING_CAP_CLOSE}", len(REASONING_CAP_CLOSE)),
         )
+
+
+def stopped_inside_reasoning(request: ChatRequest, completion: Completion) -> str | None:
+    """The stop string that ended `completion` inside its unclosed reasoning, or None (it ended after the
+    reasoning, at the end of its turn or at the length cap, or the backend could not give its exact text). A
+    backend that does not say which stop string fired is taken at its word when the request had only one."""
+    if completion.finish_reason != "stop" or not request.stop or completion.generated is None:
+        return None
+    stop = completion.stop_string
+    if stop is None and len(request.stop) == 1:
+        stop = request.stop[0]
+    if stop not in request.stop or not ends_inside_thinking(completion.generated, completion.reasoning):
+        return None
+    return stop
+
+
+def continue_past_stops(
+    backend: Any, requests: list[ChatRequest], routes: list[RoleRoute], completions: list[Completion]
+) -> list[Completion]:
+    """Every completion whose stop string fired inside its reasoning, continued after that string (ONE batched
+    call per round of continuations) until it stops outside the reasoning; see the module docstring."""
+    budgets = {
+        i: request.max_tokens if request.max_tokens is not None else route.max_tokens
+        for i, (request, route) in enumerate(zip(requests, routes))
+    }
+    pending = set(budgets)
+    while pending:
+        follow: dict[int, tuple[ChatRequest, str]] = {}
+        for i in sorted(pending):
+            stop = stopped_inside_reasoning(requests[i], completions[i])
+            if stop is None:
+                pending.discard(i)
+                continue
+            completions[i].stops_in_reasoning += 1
+            used = completions[i].completion_tokens  # every call of this row so far
+            if completions[i].stops_in_reasoning > MAX_STOPS_IN_REASONING or used >= budgets[i]:
+                completions[i].finish_reason = "length" if used >= budgets[i] else "stop"
+                pending.discard(i)
+                continue
+            follow[i] = (continued_past(requests[i], completions[i], stop, budgets[i] - used), stop)
+        if not follow:
+            break
+        rows = list(follow)
+        more = backend.generate([follow[i][0] for i in rows], [routes[i] for i in rows])
+        for i, continued in zip(rows, more):
+            completions[i] = joined(completions[i], follow[i][1], continued)
+    return completions
+
+
+def continued_past(request: ChatRequest, stopped: Completion, stop: str, max_tokens: int) -> ChatRequest:
+    """`request` (as the agent sent it) continued after `stop`: its turn, all the model generated in this call
+    so far (earlier continuations included), the stop string."""
+    written = f"{stopped.generated}{stop}"
+    turn = request.raw_continuation or ""
+    return replace(
+        request,
+        raw_continuation=f"{turn}{written}",
+        max_tokens=max_tokens,
+        shrink=ContinuedShrinker(request, written, 0),
+    )
+
+
+def joined(first: Completion, stop: str, more: Completion) -> Completion:
+    """One completion for a call and its continuation past a stop string inside the reasoning."""
+    generated = f"{first.generated}{stop}{more.generated or ''}"
+    head = generated.split("</think>", 1)[0]
+    text, reasoning = split_thinking(generated, opened="<think>" not in head)
+    return replace(
+        more,
+        text=text,
+        reasoning=reasoning,
+        generated=generated,
+        prompt_tokens=first.prompt_tokens + more.prompt_tokens,
+        completion_tokens=first.completion_tokens + more.completion_tokens,
+        reasoning_tokens=first.reasoning_tokens + more.reasoning_tokens,
+        latency_s=first.latency_s + more.latency_s,
+        prompt_tokens_dropped=first.prompt_tokens_dropped + more.prompt_tokens_dropped,
+        fitted_messages=first.fitted_messages,
+        fitted_continuation=first.fitted_continuation,
+        stops_in_reasoning=first.stops_in_reasoning,
+    )
+
+
+class ContinuedShrinker:
+    """A `PromptShrinker` for a request continued past its own output (a follow-up after capped reasoning, a
+    continuation past a stop string inside it): the original request's own shrinker first (the agent's: older
+    turns before newer ones), then the middle of what was appended, whose last `keep` characters (the
+    stop-thinking sentence and `</think>`) always stay. A cut inside the appended text keeps its think blocks as
+    they were (`llm.common.cut_span`)."""
+
+    CHUNK = 32  # characters of the appended text one step leaves out
+
+    def __init__(self, original: ChatRequest, appended: str, keep: int):
+        self.original, self.appended, self.keep = original, appended, keep
+        self.inner: PromptShrinker | None = original.shrink
+        self.inner_steps = self.inner.steps if self.inner is not None else 0
+        self.cuttable = max(0, len(appended) - keep)
+        self.steps = self.inner_steps + self.cuttable // self.CHUNK
+
+    def apply(self, request: ChatRequest, step: int) -> ChatRequest:
+        base = replace(self.original, max_tokens=request.max_tokens, stop=request.stop)
+        inner = min(max(step, 0), self.inner_steps)
+        if inner and self.inner is not None:
+            base = self.inner.apply(base, inner)
+        appended = cut_middle(self.appended, (step - inner) * self.CHUNK, self.keep)
+        return replace(request, messages=base.messages, raw_continuation=f"{base.raw_continuation or ''}{appended}",
+                       shrink=None)
+
+
+def cut_middle(text: str, drop: int, keep_tail: int = 0) -> str:
+    """`text` without `drop` characters from the middle of its cuttable part (all but the last `keep_tail`), a
+    cut mark in their place that keeps every think block as it was (`llm.common.cut_span`)."""
+    cuttable = len(text) - keep_tail
+    drop = min(max(drop, 0), cuttable)
+    if drop <= 0:
+        return text
+    start = (cuttable - drop + 1) // 2
+    return cut_span(text, start, start + drop)
 
 
 def merged(capped: Completion, answer: Completion) -> Completion:
@@ -106,6 +235,9 @@ def merged(capped: Completion, answer: Completion) -> Completion:
         completion_tokens=capped.completion_tokens + answer.completion_tokens,
         reasoning_tokens=capped.reasoning_tokens + answer.reasoning_tokens,
         latency_s=capped.latency_s + answer.latency_s,
+        # the follow-up is fitted on its own (through the request's shrinker): its dropped tokens count too
+        prompt_tokens_dropped=capped.prompt_tokens_dropped + answer.prompt_tokens_dropped,
+        stops_in_reasoning=capped.stops_in_reasoning + answer.stops_in_reasoning,
         finish_reason=answer.finish_reason,
         constrained=answer.constrained,
         reasoning_capped=True,

@@ -150,6 +150,43 @@ def prompt_token_ids(tokenizer: Any, spec: CallSpec) -> list[int]:
 
 
 CUT_MARK = "\n[... left out to fit the context ...]\n"
+_TAG_SNAP = 10  # a cut that would split a tag like `</think>` moves this far at most to leave it whole
+
+
+def starts_inside_thinking(text: str) -> bool:
+    """Whether `text` begins inside a think block opened before it: its first think tag is a `</think>`."""
+    close = text.find(_THINK_CLOSE)
+    opener = text.find(_THINK_OPEN)
+    return close >= 0 and (opener < 0 or close < opener)
+
+
+def _inside_at(text: str, pos: int, opened: bool) -> bool:
+    head = text[:pos]
+    opener, close = head.rfind(_THINK_OPEN), head.rfind(_THINK_CLOSE)
+    return opened if opener < 0 and close < 0 else opener > close
+
+
+def cut_span(text: str, start: int, end: int, opened: bool | None = None) -> str:
+    """`text` with `text[start:end]` replaced by `CUT_MARK`, every think block kept as it was: a block open where
+    the cut starts and closed inside it is closed after the mark; one opened inside it and still open where it
+    ends is opened again. A cut never splits a tag. `opened`: the text begins inside a block (default: read from
+    the text, whose first think tag is then a `</think>`)."""
+    if start >= end:
+        return text
+    opened = starts_inside_thinking(text) if opened is None else opened
+    lt = text.rfind("<", max(0, start - _TAG_SNAP), start)
+    if lt >= 0 and text.rfind(">", lt, start) < 0:
+        start = lt
+    gt = text.find(">", end, end + _TAG_SNAP)
+    if gt >= 0 and text.find("<", end, gt) < 0 and text.rfind("<", max(0, end - _TAG_SNAP), end) > text.rfind(">", 0, end):
+        end = gt + 1
+    before, after = _inside_at(text, start, opened), _inside_at(text, end, opened)
+    mark = CUT_MARK
+    if before and not after:
+        mark += f"{_THINK_CLOSE}\n\n"
+    elif after and not before:
+        mark += f"{_THINK_OPEN}\n"
+    return text[:start] + mark + text[end:]
 
 
 @dataclass
@@ -273,25 +310,35 @@ def _with_continued_text(request: ChatRequest, text: str) -> ChatRequest:
 
 @dataclass
 class _ContinuationPieces:
-    """A continued turn without its oldest paragraphs: step k leaves out paragraphs 2..k+1 (the first one, which
-    opens the turn, and the newest one stay). Search results spliced into the turn are paragraphs of their own."""
+    """A continued turn without its oldest paragraphs: step k leaves out paragraphs 2..k+1; the first one, which
+    opens the turn, and the newest one with text in it (a turn ending in a blank line keeps the paragraph before
+    it) stay, and every think block stays as it was (`cut_span`). Search results spliced into the turn are
+    paragraphs of their own."""
 
-    paragraphs: list[str]
+    text: str
+
+    @property
+    def paragraphs(self) -> list[str]:
+        return self.text.split("\n\n")
 
     @property
     def steps(self) -> int:
-        return max(0, len(self.paragraphs) - 2)
+        paragraphs = self.paragraphs
+        newest = max((i for i, p in enumerate(paragraphs) if p.strip()), default=0)
+        return max(0, newest - 1)
 
     def apply(self, request: ChatRequest, step: int) -> ChatRequest:
         if step <= 0:
             return request
-        kept = [self.paragraphs[0], CUT_MARK.strip("\n"), *self.paragraphs[1 + step :]]
-        return _with_continued_text(request, "\n\n".join(kept))
+        paragraphs = self.paragraphs
+        start = len(paragraphs[0]) + 2
+        end = start + len("\n\n".join(paragraphs[1 : 1 + step]))
+        return _with_continued_text(request, cut_span(self.text, start, end))
 
 
 def _continuation_pieces(request: ChatRequest, tokenizer: Any) -> _ContinuationPieces | None:
     text = _continued_text(request)
-    return None if text is None else _ContinuationPieces(text.split("\n\n"))
+    return None if text is None else _ContinuationPieces(text)
 
 
 @dataclass
@@ -307,12 +354,22 @@ class _MiddleCut:
         return max(0, len(self.ids) - 2)
 
     def apply(self, request: ChatRequest, step: int) -> ChatRequest:
+        """Every think block stays as it was (see `cut_span`)."""
         if step <= 0:
             return request
         kept = len(self.ids) - step
-        head, tail = self.ids[: (kept + 1) // 2], self.ids[len(self.ids) - kept // 2 :]
-        text = self.tokenizer.decode(head) + CUT_MARK + self.tokenizer.decode(tail)
-        return self.rebuild(request, text)
+        cut_at, resume_at = (kept + 1) // 2, len(self.ids) - kept // 2
+        decode = self.tokenizer.decode
+        full = decode(self.ids)
+        opened = starts_inside_thinking(full)
+        head, upto = decode(self.ids[:cut_at]), decode(self.ids[:resume_at])
+        mark = CUT_MARK
+        before, after = _inside_at(head, len(head), opened), _inside_at(upto, len(upto), opened)
+        if before and not after:
+            mark += f"{_THINK_CLOSE}\n\n"
+        elif after and not before:
+            mark += f"{_THINK_OPEN}\n"
+        return self.rebuild(request, head + mark + decode(self.ids[resume_at:]))
 
 
 def middle_cut(tokenizer: Any, text: str, rebuild: Any) -> _MiddleCut:
@@ -405,12 +462,30 @@ def estimated_reasoning_tokens(completion_tokens: int, answer: str, reasoning: s
 
 def cut_at_stop(text: str, stop: list[str] | None) -> tuple[str, bool]:
     """Text up to the first stop string (excluded, as vLLM does), and whether one was found."""
-    if not stop:
-        return text, False
-    cuts = [text.find(s) for s in stop if s and s in text]
-    if not cuts:
-        return text, False
-    return text[: min(cuts)], True
+    cut, found = first_stop(text, stop)
+    return cut, found is not None
+
+
+def first_stop(text: str, stop: list[str] | None) -> tuple[str, str | None]:
+    """Text up to the first stop string (excluded, as vLLM does), and that stop string (None when none is in it;
+    of two starting at the same place, the longer)."""
+    found = [(text.find(s), -len(s), s) for s in stop or () if s and s in text]
+    if not found:
+        return text, None
+    at, _, string = min(found)
+    return text[:at], string
+
+
+def ends_inside_thinking(generated: str, reasoning: str | None) -> bool:
+    """Whether a generation ends inside an unclosed think block. `reasoning` is the backend's split: not None when
+    the generation thought; a generation whose text has no `<think>` before its first `</think>` (or none at all)
+    began inside a block the prompt opened (Qwen3.6's generation prompt, a turn continued inside its reasoning)."""
+    if reasoning is None:
+        return False
+    first_close = generated.find(_THINK_CLOSE)
+    opened = _THINK_OPEN not in (generated if first_close < 0 else generated[:first_close])
+    text = (_THINK_OPEN if opened else "") + generated
+    return text.rfind(_THINK_OPEN) > text.rfind(_THINK_CLOSE)
 
 
 def adapter_dir(path: str, role: str) -> Path:

@@ -28,8 +28,8 @@ from maps_train.llm.common import (
     adapter_dir,
     adapter_name,
     call_spec,
-    cut_at_stop,
     default_route,
+    first_stop,
     fit_request,
     generation_opens_thinking,
     reasoning_token_count,
@@ -147,8 +147,8 @@ class HFBackend:
                 while new and new[-1] == pad and pad not in eos_ids:
                     new.pop()
             text = tok.decode(new, skip_special_tokens=True)
-            text, stopped = cut_at_stop(text, s.stop)
-            if stopped:
+            text, stopped = first_stop(text, s.stop)
+            if stopped is not None:
                 finish = "stop"
             answer, reasoning = split_thinking(text, generation_opens_thinking(texts[row], s))
             completions.append(
@@ -163,6 +163,7 @@ class HFBackend:
                     model=self.model_name,
                     adapter=None if name == BASE else name,
                     finish_reason=finish,
+                    stop_string=stopped,
                     role=s.request.role,
                     constrained=False,
                     **s.sampling_used(),

@@ -298,6 +298,7 @@ class OpenAIBackend:
             model=resp.model or model,
             adapter=served_name,
             finish_reason=choice.finish_reason,
+            stop_string=_stop_string(choice),
             role=spec.request.role,
             constrained=spec.json_schema is not None,
             **spec.sampling_used(),
@@ -385,3 +386,9 @@ def _split_chat(spec: CallSpec, prompt: str | None, message: Any, usage: Any) ->
     text, reasoning = split_thinking(content, opened)
     total = usage.completion_tokens if usage else 0
     return text, reasoning, estimated_reasoning_tokens(total, text, reasoning)
+
+
+def _stop_string(choice: Any) -> str | None:
+    """The stop string that ended a choice: vLLM's server says it (`stop_reason`, an int for a stop token)."""
+    reason = getattr(choice, "stop_reason", None)
+    return reason if isinstance(reason, str) else None

@@ -58,6 +58,12 @@ class Completion:
     model: str = ""
     adapter: str | None = None
     finish_reason: str | None = None  # "stop", "length", ...
+    # The stop string that ended generation (finish "stop"); None for an end-of-turn token, the length cap, or a
+    # backend that does not say.
+    stop_string: str | None = None
+    # Stop strings that fired inside unclosed reasoning and were written past (see maps_train.llm.budget): a tag
+    # the model restated while thinking is not an action, so generation continued after it.
+    stops_in_reasoning: int = 0
     # max_tokens came inside the reasoning (no `</think>`): see maps_train.llm.budget (`backend.reasoning_cap`)
     reasoning_capped: bool = False
     role: str = ""

@@ -249,6 +249,7 @@ class VLLMBackend:
                         model=self.model_name,
                         adapter=lora.lora_name if lora is not None else None,
                         finish_reason=sample.finish_reason,
+                        stop_string=sample.stop_reason if isinstance(sample.stop_reason, str) else None,
                         role=spec.request.role,
                         constrained=spec.json_schema is not None,
                         **spec.sampling_used(),

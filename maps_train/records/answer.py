@@ -21,9 +21,10 @@ from maps_train.errors import MapsTrainError
 # `truncated_calls`: calls whose prompt was shrunk (or cut) to fit the context, `prompt_tokens_dropped` what they
 # left out.
 # `reasoning_capped_calls`: calls whose reasoning hit max_tokens; `length_capped_calls`: calls that hit it at all.
+# `stops_in_reasoning`: stop strings that fired inside unclosed reasoning and were written past (maps_train.llm.budget).
 ROLE_KEYS = (
     "calls", "prompt_tokens", "completion_tokens", "reasoning_tokens", "truncated_calls", "prompt_tokens_dropped",
-    "reasoning_capped_calls", "length_capped_calls",
+    "reasoning_capped_calls", "length_capped_calls", "stops_in_reasoning",
 )
 COST_KEYS = (*ROLE_KEYS, "retrievals", "passages", "latency_s")
 
@@ -52,13 +53,15 @@ class RoleCost:
     prompt_tokens_dropped: int = 0  # what those calls left out
     reasoning_capped_calls: int = 0  # calls whose reasoning hit max_tokens (see maps_train.llm.budget)
     length_capped_calls: int = 0  # calls that hit max_tokens at all, in the reasoning or not
+    stops_in_reasoning: int = 0  # stop strings inside the reasoning, written past (see maps_train.llm.budget)
 
     def to_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "reasoning_tokens": self.reasoning_tokens,
                 "truncated_calls": self.truncated_calls, "prompt_tokens_dropped": self.prompt_tokens_dropped,
                 "reasoning_capped_calls": self.reasoning_capped_calls,
-                "length_capped_calls": self.length_capped_calls, "latency_s": round(self.latency_s, 4)}
+                "length_capped_calls": self.length_capped_calls, "stops_in_reasoning": self.stops_in_reasoning,
+                "latency_s": round(self.latency_s, 4)}
 
     @classmethod
     def from_dict(cls, data: Any, where: str, error: type[MapsTrainError] = RecordFormatError) -> RoleCost:
@@ -99,6 +102,10 @@ class Cost:
         cost = self.by_role.setdefault(role, RoleCost())
         cost.reasoning_capped_calls += int(reasoning_capped)
         cost.length_capped_calls += int(length_capped)
+
+    def add_stops_in_reasoning(self, role: str, stops: int) -> None:
+        """Stop strings that fired inside a call's reasoning and were written past."""
+        self.by_role.setdefault(role, RoleCost()).stops_in_reasoning += int(stops)
 
     def add_latency(self, role: str, latency_s: float) -> None:
         self.by_role.setdefault(role, RoleCost()).latency_s += latency_s
@@ -141,6 +148,10 @@ class Cost:
         return sum(c.length_capped_calls for c in self.by_role.values())
 
     @property
+    def stops_in_reasoning(self) -> int:
+        return sum(c.stops_in_reasoning for c in self.by_role.values())
+
+    @property
     def latency_s(self) -> float:
         return round(sum(c.latency_s for c in self.by_role.values()) + self.retrieval_latency_s, 4)
 
@@ -154,6 +165,7 @@ class Cost:
             "prompt_tokens_dropped": self.prompt_tokens_dropped,
             "reasoning_capped_calls": self.reasoning_capped_calls,
             "length_capped_calls": self.length_capped_calls,
+            "stops_in_reasoning": self.stops_in_reasoning,
             "by_role": {role: cost.to_dict() for role, cost in self.by_role.items()},
             "retrievals": self.retrievals,
             "passages": self.passages,

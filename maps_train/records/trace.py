@@ -95,6 +95,8 @@ class CallUsage:
     # here), and max_tokens was hit at all (finish_reason "length", or a forced answer's first call)
     reasoning_capped: bool = False
     length_capped: bool = False
+    # stop strings that fired inside the reasoning and were written past (the model restated a tag while thinking)
+    stops_in_reasoning: int = 0
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "usage") -> CallUsage:
@@ -115,6 +117,7 @@ class CallUsage:
             prompt_tokens_dropped=_get(data, "prompt_tokens_dropped", int, where, 0),
             reasoning_capped=bool(_get(data, "reasoning_capped", bool, where, None)),
             length_capped=bool(_get(data, "length_capped", bool, where, None)),
+            stops_in_reasoning=_get(data, "stops_in_reasoning", int, where, 0),
         )
 
 

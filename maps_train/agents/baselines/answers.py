@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from maps_train.agents.jsonparse import bounded, clean_text, strip_thinking, tag_contents
+from maps_train.agents.jsonparse import bounded, clean_text, has_content, strip_thinking, tag_contents
 from maps_train.agents.outputs import ANSWER_MAX_CHARS
 
 _BOXED = "\\boxed{"
@@ -82,7 +82,7 @@ def extract_reasoned_answer(text: str, letters: list[str] | None = None) -> tupl
     """Search-o1: the last `\\boxed{}`; failing that an "Answer: ..." line; else nothing."""
     text = bounded(text, keep="tail")  # the answer comes last in a long reasoning
     boxed = last_boxed(text)
-    if boxed:
+    if has_content(boxed):  # not a restated `\boxed{…}`
         return _finish(boxed, "boxed", letters)
     lines = [m.group(1) for m in _ANSWER_LINE.finditer(strip_thinking(text) or text)]
     if lines:
@@ -91,8 +91,9 @@ def extract_reasoned_answer(text: str, letters: list[str] | None = None) -> tupl
 
 
 def extract_answer_tag(text: str, letters: list[str] | None = None) -> tuple[str, str]:
-    """ParallelSearch (Search-R1 family): the last `<answer>...</answer>`; else nothing."""
-    tags = [tag for tag in _answer_tags(bounded(text, keep="tail")) if tag.strip()]
+    """ParallelSearch (Search-R1 family): the last `<answer>...</answer>` with a letter or digit in it (a restated
+    placeholder such as `<answer>…</answer>` is none); else nothing."""
+    tags = [tag for tag in _answer_tags(bounded(text, keep="tail")) if has_content(tag)]
     if tags:
         return _finish(tags[-1], "answer_tag", letters)
     return "", "none"

@@ -6,8 +6,9 @@ Each step, over every active question:
 1. ONE backend call (role "reasoner") continues each question's turn (sent raw after the generation prompt, so
    the model reads back exactly what it wrote, every `<think>` block included), stopping at `</search>` or
    `</answer>` (the dropped stop tag is put back).
-2. The first `<search>...</search>` or `<answer>...</answer>` in the new text, its reasoning included (the
-   original reads the whole generation), is the action. An answer ends the question. An action cut off by the
+2. The first `<search>...</search>` or `<answer>...</answer>` in the new text outside its reasoning is the
+   action (the original reads the whole generation; see `baselines.base` for why we do not, and the backend
+   writes past a stop tag inside the reasoning). An answer ends the question. An action cut off by the
    token limit (finish reason "length") is no action: its tag is not closed, and it counts as a parse failure
    (`extra.action` "truncated"). A search is split on `##`; the sub-queries of EVERY searching question go to
    ONE retriever call, and each question gets `\\n\\n<information>...</information>\\n\\n` spliced back:
@@ -16,7 +17,7 @@ Each step, over every active question:
 The original runs `max_turns` such steps and then one last generation whose searches are not executed; here that
 bound is `agent.max_searches` (the paper's "up to 10 searches"), so a question ends by "answered",
 "max_searches" (the last step searched again) or "no_answer" (the last step wrote neither). The answer is the
-last closed `<answer>` the model wrote (the option letter for multiple choice).
+last closed `<answer>` the model wrote outside its reasoning (the option letter for multiple choice).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from maps_train.agents.baselines.answers import extract_answer_tag
 from maps_train.agents.baselines.base import (
     BaselineEngine,
     Turn,
+    actions_text,
     inside_thinking,
     model_piece,
     parsed_later,
@@ -45,10 +47,11 @@ from maps_train.retrieval.base import Hit
 PROMPT = "baselines/parallel_search_reasoner"
 STOPS = ["</search>", "</answer>"]
 SUB_QUERY_SEPARATOR = "##"
+# The original's note names both tags around "and" ("between <search> and </search>"): restated, it searched "and".
+# Ours shows each tag pair around an ellipsis, which has no letter or digit: restated, it is no search and no answer.
 INVALID_ACTION = (
-    "\nMy last action was not valid. To search, I must put the query between <search> and </search> "
-    "(sub-queries separated by ##); to answer, I must put the answer between <answer> and </answer>. "
-    "Let me try again.\n"
+    "\nMy last action was not valid. After my reasoning I must either search, with the query in <search>…</search> "
+    "(sub-queries separated by ##), or answer, with the answer in <answer>…</answer>. Let me try again.\n"
 )
 ACTIONS = ("search", "answer")
 _OPENER = re.compile(r"<(search|answer)>")
@@ -105,6 +108,10 @@ def parse_action(text: str, cut_off: bool = False) -> Parsed:
             notes=notes,
         )
     action, content = found[0], found[1].strip()
+    if action == "answer" and not has_content(content):  # a restated placeholder ("…"): no letter or digit
+        return Parsed(
+            {"action": None, "content": content, "sub_queries": []}, ok=False, error="empty answer", notes=notes
+        )
     sub_queries = split_sub_queries(content) if action == "search" else []
     if action == "search" and not sub_queries:
         return Parsed(
@@ -147,7 +154,7 @@ class ParallelSearchEngine(BaselineEngine):
             self._search(searching)
             active = [run for run in active if not run.stop_reason]
         for run in runs:
-            answer, how = extract_answer_tag(run.turn.model_text, run.letters)
+            answer, how = extract_answer_tag(run.turn.actions_text, run.letters)
             run.final_answer = answer
             run.rounds[-1].extra["answer_format"] = how
         return [run.to_trace(self.method, self.config_digest) for run in runs]
@@ -155,7 +162,12 @@ class ParallelSearchEngine(BaselineEngine):
     def _step(self, active: list[ParallelSearchRun], prompts) -> list[tuple[ParallelSearchRun, list[str]]]:
         plans = [
             RolePlan(
-                run=run, role="reasoner", messages=run.turn.messages(prompts[id(run)]), parse=parsed_later, stop=STOPS
+                run=run,
+                role="reasoner",
+                messages=run.turn.messages(prompts[id(run)]),
+                parse=parsed_later,
+                stop=STOPS,
+                shrink=run.turn.shrinker(),
             )
             for run in active
         ]
@@ -169,7 +181,8 @@ class ParallelSearchEngine(BaselineEngine):
             round_.calls.append(call)
             written = model_piece(call, inside[id(run)])
             cut_off = call.usage.finish_reason == "length"
-            parsed = self.record_parse(run, call, parse_action(written, cut_off=cut_off))
+            outside = actions_text(written, inside[id(run)])
+            parsed = self.record_parse(run, call, parse_action(outside, cut_off=cut_off))
             run.turn.add_model(written if cut_off else close_open_tag(written))
             action = parsed.value["action"]
             round_.extra["action"] = action or ("truncated" if cut_off else "invalid")

@@ -5,7 +5,8 @@ Step 0: ONE retriever call gets every question's top-K ("the initial searched re
 prompt as the first `<information>` block. Then each step, over every active question:
 1. ONE backend call (role "searcher") continues each question's assistant turn, stopping at `</query>` (put back).
    The turn goes out raw after the generation prompt, so the searcher reads back exactly what it wrote, every
-   `<think>` block included. In the new text, its reasoning included (the original reads the whole generation):
+   `<think>` block included. In the new text outside its reasoning (the original reads the whole generation; see
+   `baselines.base` for why we do not: a restated `<search_complete>True</search_complete>` ended the search):
    `<important_info>[ids]</important_info>` keeps those Doc numbers of the latest information
    block (once per block, ids outside the block ignored); `<search_complete>True</search_complete>` ends the
    search; otherwise `<query>{"query": "..."}</query>` (JSON, or the bare text when it is not JSON) is a search.
@@ -32,6 +33,7 @@ from maps_train import safejson
 from maps_train.agents.baselines.base import (
     BaselineEngine,
     Turn,
+    actions_text,
     inside_thinking,
     model_piece,
     parsed_later,
@@ -51,9 +53,10 @@ from maps_train.retrieval.base import Hit
 SEARCHER_PROMPT = "baselines/s3_searcher"
 GENERATOR_PROMPT = "baselines/s3_generator"
 QUERY_OPEN, QUERY_CLOSE = "<query>", "</query>"
+# The original's nudge says "between <query> and </query>"; restated, that is a search for "and". Ours names the tag.
 NUDGE = (
-    "\n\nThe documents so far are not enough to answer the question. I will write a brand-new search query in JSON "
-    "between <query> and </query>:\n<query>\n"
+    "\n\nThe documents so far are not enough to answer the question. I will write a brand-new search query as JSON "
+    "in the query tag:\n<query>\n"
 )
 _DOC_NUMBER = re.compile(r"[0-9]+")
 MAX_DOC_DIGITS = 6  # a Doc number is small; a longer digit run is noise (and `int` refuses over 4,300 digits)
@@ -192,6 +195,7 @@ class S3Engine(BaselineEngine):
                 messages=run.turn.messages(prompts[id(run)]),
                 parse=parsed_later,
                 stop=[QUERY_CLOSE],
+                shrink=run.turn.shrinker(),
             )
             for run in active
         ]
@@ -204,7 +208,7 @@ class S3Engine(BaselineEngine):
             round_.calls.append(call)
             written = model_piece(call, inside[id(run)])
             nudged = run.turn.text.endswith(NUDGE)
-            parsed = parse_searcher(written, query_open=nudged)
+            parsed = parse_searcher(actions_text(written, inside[id(run)]), query_open=nudged)
             piece, open_query = reopen_stop(written, QUERY_OPEN, QUERY_CLOSE)
             if nudged and QUERY_OPEN not in written and QUERY_CLOSE not in piece:
                 piece, open_query = piece + QUERY_CLOSE, piece  # the nudge opened the query

@@ -16,9 +16,11 @@ A question also stops after `agent.max_turns` reasoner turns ("max_turns"). The 
 
 The turn is continued as the original does, as a raw prompt (`baselines.base.RawTurnBackend`): the chat template
 renders the conversation once, then the model's partial turn (its `<think>` blocks, the closed queries and the
-spliced results) follows as raw text, byte for byte, with thinking on or off. With thinking
-(`roles.reasoner.enable_thinking`) search markers can sit inside the reasoning, as they did for QwQ. The query is
-read from everything the model wrote in the turn, its reasoning included.
+spliced results) follows as raw text, byte for byte, with thinking on or off. The query is read from what the
+model wrote outside its reasoning. Departure: the original's QwQ searched from inside its reasoning (it had no
+think tags); with Qwen3 thinking, a marker inside `<think>` is not a search (the backend writes past its end
+marker, `maps_train.llm.budget`), because Qwen3 restates the instruction there and searched "your search query".
+The model searches after closing its reasoning and may think again after the results.
 
 Trace: one round per turn; its calls are the reasoner's and (when it searched) the condenser's; `extra.action`
 is "search", "repeat_refused", "limit_refused", "answer" or "truncated"; `observation` is the spliced text.
@@ -29,7 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from maps_train.agents.baselines.answers import extract_reasoned_answer
-from maps_train.agents.baselines.base import BaselineEngine, Turn, inside_thinking, model_piece, reopen_stop
+from maps_train.agents.baselines.base import (
+    BaselineEngine,
+    Turn,
+    actions_text,
+    inside_thinking,
+    model_piece,
+    reopen_stop,
+)
 from maps_train.agents.engine import QuestionRun, RolePlan
 from maps_train.agents.evidence import LEFT_OUT, OBSERVATIONS_ORDER, format_question, passages_slot
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
@@ -155,7 +164,7 @@ class SearchO1Engine(BaselineEngine):
                     run.stop_reason = "max_turns"
             active = [run for run in active if not run.stop_reason]
         for run in runs:
-            answer, how = extract_reasoned_answer(run.turn.model_text, run.letters)
+            answer, how = extract_reasoned_answer(run.turn.actions_text, run.letters)
             run.final_answer = answer
             run.rounds[-1].extra["answer_format"] = how
         return [run.to_trace(self.method, self.config_digest) for run in runs]
@@ -171,6 +180,7 @@ class SearchO1Engine(BaselineEngine):
                 messages=run.turn.messages(prompts[id(run)]),
                 parse=_deferred,
                 stop=[END_QUERY],
+                shrink=run.turn.shrinker(),
             )
             for run in active
         ]
@@ -181,7 +191,7 @@ class SearchO1Engine(BaselineEngine):
             round_ = run.start_round()
             round_.calls.append(call)
             written = model_piece(call, inside[id(run)])
-            query = self._parse_turn(run, call, written)
+            query = self._parse_turn(run, call, actions_text(written, inside[id(run)]))
             piece, open_query = reopen_stop(written, BEGIN_QUERY, END_QUERY)
             if open_query is not None and call.usage.finish_reason == "length":
                 query = None  # cut off inside a query by the token limit: not a search call
@@ -209,8 +219,8 @@ class SearchO1Engine(BaselineEngine):
 
     @staticmethod
     def _parse_turn(run: SearchO1Run, call: RoleCall, written: str) -> str | None:
-        """The turn's query, parsed from all the model wrote (a query inside its reasoning counts); recorded on
-        the call and counted as a parse failure like any role output."""
+        """The turn's query, parsed from what the model wrote outside its reasoning; recorded on the call and
+        counted as a parse failure like any role output."""
         parsed = parse_reasoner(written)
         call.parsed, call.parse_ok, call.parse_error = parsed.value, parsed.ok, parsed.error
         if not parsed.ok:
