@@ -159,3 +159,26 @@ def test_sft_data_keeps_rows_by_role_credit_counted_by_hand(tmp_path):
     kept_writers = [json.loads(line) for line in (tmp_path / "sft" / "writer" / "train.jsonl").read_text().splitlines()]
     assert [json.loads(r["completion"][0]["content"]) for r in kept_writers] == [
         {"sample": 0, "call": 1}, {"sample": 0, "call": 5}, {"sample": 1, "call": 1}]
+
+
+def test_analyze_credit_summarises_roles_from_traces(tmp_path):
+    from maps_train.analysis.credit import credit_markdown, credit_summary
+
+    # The first test's trace (counted there by hand) and an early stop with 1 of 2 gold.
+    right = maps_trace([maps_round(1, [["p1", "p4"], ["p4"], ["p9"]], sufficient=False),
+                        maps_round(2, [["p5", "p4"], ["p2"], ["p3"]], sufficient=True)])
+    early = maps_trace([maps_round(1, [["p4"]], sufficient=True)], answer="Lyon")
+    old = maps_trace([maps_round(1, [["p4"]], sufficient=True)])  # written before credit existed
+    for trace in (right, early):
+        trace.credit = compute_credit(trace, GOLD)
+    path = tmp_path / "traces.jsonl"
+    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in (right, early, old)))
+    summary = credit_summary(path)
+    assert summary["traces"] == 3 and summary["no_credit"] == 1
+    writer, consolidator, answer = (summary["roles"][r] for r in ("writer", "consolidator", "answer"))
+    assert (writer["calls"], writer["found_new"], writer["new"]) == (7, 3, 3)
+    assert (consolidator["judged"], consolidator["right"], consolidator["stopped_missing"]) == (3, 2, 1)
+    assert (answer["em"], answer["judged"]) == (1.0, 2)
+    table = credit_markdown([("t", summary)])
+    assert "| t | consolidator | 3 | 3 | - | - | 66.7 | 33.3 | 0.0 | - | - |" in table
+    assert "| t | writer | 7 | 7 | 42.9 | 0.43 |" in table

@@ -200,6 +200,21 @@ def suite_command(
                + ", ".join(str(p.relative_to(result.out_dir)) for s in result.sections for p in [*s.files, s.plot]))
 
 
+def credit_command(
+    traces: list[Path] = typer.Argument(..., help="Traces files (traces.jsonl of a run, a sample or an eval run)"),
+    out: Path = typer.Option(None, help="Also write the Markdown table here"),
+) -> None:
+    """Credit per role from traces: new gold found by the writer and proposer, right stop-or-continue decisions of
+    the consolidator, EM and F1 of the answer (maps_train/records/credit.py)."""
+    from maps_train.analysis.credit import credit_markdown, credit_summary
+
+    table = credit_markdown((str(path), credit_summary(path)) for path in traces)
+    typer.echo(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n", encoding="utf-8")
+
+
 def register(app: typer.Typer) -> None:
     analyze_app = typer.Typer(help="Search momentum, drift and stop-round analyses.", no_args_is_help=True)
     app.add_typer(analyze_app, name="analyze")
@@ -207,3 +222,4 @@ def register(app: typer.Typer) -> None:
     analyze_app.command("drift")(drift_command)
     analyze_app.command("stops")(stops_command)
     analyze_app.command("suite")(suite_command)
+    analyze_app.command("credit")(credit_command)
