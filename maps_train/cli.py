@@ -43,6 +43,7 @@ COMMAND_MODULES = (
     "maps_train.rl.cli",
     "maps_train.demo",
     "maps_train.plan.cli",
+    "maps_train.study.run",
 )
 
 

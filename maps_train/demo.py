@@ -247,6 +247,26 @@ def _system_totals(eval_dir: Path) -> dict[str, dict[str, float]]:
     return totals
 
 
+# (base, distilled) pairs of the demo suite: the same decoding, without and with the role adapters
+LEARNING_PAIRS = (("teacher_maps", "distilled_maps"), ("student_base_free", "distilled_free"))
+
+
+def learning_lines(eval_dir: Path) -> list[str]:
+    """What the adapters teach the agent's search: evidence recall and rounds, base against distilled, on the same
+    questions, with paired bootstrap intervals (`evaluate.paired`)."""
+    from maps_train.evaluate.paired import comparison_table
+    from maps_train.evaluate.results import read_results
+
+    path = eval_dir / "results.jsonl"
+    if not path.is_file():
+        return []
+    table = comparison_table(read_results(path), LEARNING_PAIRS,
+                             ["evidence_recall", "evidence_recall_seen", "rounds", "retrievals", "em"])
+    return ["", "## What the adapters teach: the search, base -> distilled", "",
+            "The same questions and decoding, without and with the role adapters (teacher_maps is the student base",
+            "under constrained decoding); 95% paired bootstrap intervals.", "", table]
+
+
 def write_report(out: Path, timings: dict[str, float]) -> Path:
     eval_dir = out / "eval"
     lines = ["# maps-train demo report", "",
@@ -272,6 +292,7 @@ def write_report(out: Path, timings: dict[str, float]) -> Path:
             ok, total = rates.get(role, (0, 0))
             cells.append(f"{ok}/{total} ({100 * ok / total:.0f}%)" if total else "-")
         lines.append(f"| {role} | {cells[0]} | {cells[1]} |")
+    lines += learning_lines(eval_dir)
     lines += ["", "## Time per step (s)", "", "| step | seconds |", "|---|---:|"]
     lines += [f"| {step} | {seconds:.0f} |" for step, seconds in timings.items()]
     report = out / "REPORT.md"
