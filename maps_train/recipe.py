@@ -55,6 +55,12 @@ class RetrievalConfig:
     service_timeout_s: float = 60.0  # RetrievalClient request timeout
     service_max_batch: int = 256  # `retrieve serve`: most queries merged into one search call
     service_max_wait_ms: float = 5.0  # `retrieve serve`: how long the first request waits for others to join
+    # A flat index searched in host memory: fp32 (FAISS's BLAS search, several times faster) where it takes at most
+    # half the host's memory, else fp16 (half the memory); or either, forced (retrieval/faiss_index.py).
+    flat_precision: Literal["auto", "fp32", "fp16"] = "auto"
+    # FAISS's CPU search threads in this process (accelerate sets OMP_NUM_THREADS=1 in each rank): null: the CPUs
+    # shared out over the ranks on this machine (LOCAL_WORLD_SIZE).
+    search_threads: int | None = None
 
 
 @dataclass

@@ -26,7 +26,7 @@ from maps_train.plan.memory import GB
 from maps_train.plan.shapes import ModelShape, model_shape
 from maps_train.recipe import HardwareConfig, Recipe, adapter_names
 from maps_train.retrieval.factory import retriever_key
-from maps_train.retrieval.faiss_index import LOAD_CHUNK_ROWS
+from maps_train.retrieval.faiss_index import LOAD_CHUNK_ROWS, flat_precision
 
 CORPORA = Path(__file__).with_name("corpora.json")
 CPU_ENGINE_RUNTIME_BYTES = 1 * GB  # a vLLM-CPU engine's own use besides weights and its KV cache space
@@ -90,6 +90,7 @@ class IndexLoad:
     # the hnsw/compressed index
     build_host: float  # in host memory while `index build` writes it (a flat index is written in fp32)
     note: str
+    search_note: str = ""  # the note of the searched index (a flat one's precision)
 
 
 def index_load(cfg, hardware: HardwareConfig) -> IndexLoad | None:
@@ -107,15 +108,23 @@ def index_load(cfg, hardware: HardwareConfig) -> IndexLoad | None:
     elif cfg.index_type == "hnsw":
         host = memory.flat_index_bytes(passages, dim, memory.FP32) + passages * cfg.hnsw_m * 2 * 4
         gpu = 0.0  # FAISS has no GPU HNSW: it stays in host memory
-    else:  # searched from the fp16 embeddings (retrieval/dense.py): in host memory, or split over the GPUs
+    else:  # split over the GPUs from the fp16 embeddings, or in host memory in fp32 where half the host holds it,
+        # else fp16 (retrieval/dense.py, faiss_index.flat_precision)
         gpu = memory.flat_index_bytes(passages, dim, memory.BF16)
-        host = LOAD_CHUNK_ROWS * dim * memory.FP32 if hardware.faiss_gpu and hardware.gpus else gpu
-    if not hardware.faiss_gpu:  # faiss-cpu (the GPU set's): the index stays in host memory
+        precision = flat_precision(passages, dim, hardware.memory_gb * GB, cfg.flat_precision)
+        host = memory.flat_index_bytes(passages, dim, memory.FP32 if precision == "fp32" else memory.BF16)
+        if hardware.faiss_gpu and hardware.gpus:
+            host = LOAD_CHUNK_ROWS * dim * memory.FP32
+    if not hardware.faiss_gpu:  # faiss-cpu: the index stays in host memory
         gpu = 0.0
     build_host = memory.flat_index_bytes(passages, dim, memory.FP32) if cfg.index_type == "flat" else host
     gpu_each = gpu / hardware.gpus + memory.FAISS_TEMP_BYTES if hardware.gpus and gpu else 0.0
     note = f"{passages:,} passages x {dim} ({counted}), {cfg.index_type}"
-    return IndexLoad(gpu_each, encoder_bytes, host, build_host, note)
+    searched = note
+    if cfg.index_type == "flat" and not gpu:
+        searched += (" fp32 (BLAS search: the host holds it)" if precision == "fp32" else
+                     " fp16 (fp32 would take over half the host)")
+    return IndexLoad(gpu_each, encoder_bytes, host, build_host, note, searched)
 
 
 def index_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
@@ -237,7 +246,7 @@ def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, ind
                 per_gpu[gpu] = per_gpu.get(gpu, 0.0) + index_copies * load.gpu_each
             per_gpu[0] = per_gpu.get(0, 0.0) + index_copies * load.encoder
             process = "FAISS index while it loads" if load.gpu_each else "FAISS index (host: no FAISS GPU build)"
-            rows.append(_host_row(stage, process, index_copies * load.host, hardware, load.note))
+            rows.append(_host_row(stage, process, index_copies * load.host, hardware, load.search_note))
         else:
             host += index_copies * (load.host + load.encoder)
     if not hardware.gpus:

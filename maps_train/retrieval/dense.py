@@ -33,15 +33,19 @@ class DenseRetriever:
         ef_search: int | None = None,
         use_gpu: bool | None = None,
         mmap: bool = False,
+        flat_precision: str = "auto",
+        threads: int | None = None,
     ):
         """`corpus` / `encoder` (a name or a loaded Encoder): what the caller expects; a mismatch is an error.
 
-        The corpus defaults to the manifest's path. A flat index is searched from the build's fp16 embeddings
-        (half the fp32 index's memory); `mmap=True` maps the FAISS file from disk instead of reading it, for an
-        index that has no fp16 embeddings beside it.
+        The corpus defaults to the manifest's path. A flat index on GPUs is searched from the build's fp16
+        embeddings; in host memory from the fp32 FAISS file where half the host's memory holds it, else from the
+        fp16 embeddings (`flat_precision`: "auto", "fp32", "fp16"); `mmap=True` maps the FAISS file from disk
+        instead of reading it. `threads`: FAISS's CPU search threads (`faiss_index.search_threads`).
         """
         import faiss
 
+        from maps_train.retrieval import faiss_index
         from maps_train.retrieval.faiss_index import gpu_count, set_search_params, to_gpus
 
         self.index_dir = Path(index_dir)
@@ -67,6 +71,10 @@ class DenseRetriever:
             logger.warning("retrieval on GPU asked for, but this FAISS sees no GPU: searching on CPU")
             on_gpu = False
         embeddings = self._fp16_embeddings()
+        self.threads = faiss_index.search_threads(threads)
+        if embeddings is not None and not on_gpu and self.manifest["index"]["type"] == "flat" and \
+                faiss_index.flat_precision(*embeddings.shape, faiss_index.host_memory_bytes(), flat_precision) == "fp32":
+            embeddings = None  # the host holds the fp32 index: read it, and search it through BLAS
         if self.manifest["index"]["type"] == "flat" and embeddings is not None:
             self.index, self.location = _flat_fp16(embeddings, on_gpu)
             self.storage = "flat fp16"
@@ -77,8 +85,8 @@ class DenseRetriever:
             self.index = to_gpus(cpu_index) if on_gpu else cpu_index
             self.location = f"GPU x {gpu_count()}" if self.index is not cpu_index else "CPU"
             self.storage = {"flat": "flat fp32", "hnsw": "hnsw fp32", "ivfpq": "ivfpq"}[self.manifest["index"]["type"]]
-        logger.info("index: %d passages, %s, on %s (%s)", self.index.ntotal, self.storage, self.location,
-                    self.index_dir)
+        logger.info("index: %d passages, %s, on %s, %d search threads (%s)", self.index.ntotal, self.storage,
+                    self.location, self.threads, self.index_dir)
         # FAISS GPU indexes and the torch encoder are not safe to call from several threads at once: one lock
         # makes a retriever shareable by every run of a suite
         self._lock = threading.Lock()
@@ -101,8 +109,11 @@ class DenseRetriever:
         if not queries:
             return []
         k = max(1, min(int(k), len(self.corpus)))
+        import faiss
+
         with self._lock:
             vectors = self.encoder.encode_queries(queries)
+            faiss.omp_set_num_threads(self.threads)  # per calling thread in OpenMP: set where the search runs
             scores, rows = self.index.search(vectors, k)
         return [self._hits(row_ids, row_scores) for row_ids, row_scores in zip(rows, scores)]
 

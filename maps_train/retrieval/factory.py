@@ -104,6 +104,8 @@ def build_retriever(cfg: RetrievalConfig) -> Retriever:
         batch_size=cfg.encode_batch_size,
         nprobe=cfg.nprobe,
         ef_search=cfg.hnsw_ef_search,
+        flat_precision=cfg.flat_precision,
+        threads=cfg.search_threads,
     )
 
 

@@ -3,9 +3,10 @@
 All indexes use inner product on L2-normalised vectors (= cosine). `flat` is exact; `hnsw` is a CPU graph index
 (FAISS has no GPU HNSW); `ivfpq` compresses vectors (e.g. 768-d fp32 -> 64 bytes) for corpora that do not fit.
 
-A flat index is searched from the build's fp16 embeddings (`flat_fp16_index`, `flat_fp16_to_gpus`), never from
-the fp32 `index.faiss`: 2 bytes per dimension instead of 4 (21M x 768: 32 GB, not 64.5 GB), and the same top-k,
-since the fp32 index holds exactly those fp16 values widened.
+A flat index split over GPUs is searched from the build's fp16 embeddings (`flat_fp16_to_gpus`); in host memory
+from the fp32 `index.faiss` where the host holds it (`flat_precision`: BLAS search, several times faster), else from
+the fp16 embeddings (`flat_fp16_index`): 2 bytes per dimension instead of 4 (21M x 768: 32 GB, not 64.5 GB), and
+the same top-k, since the fp32 index holds exactly those fp16 values widened.
 """
 
 from __future__ import annotations
@@ -23,6 +24,38 @@ logger = logging.getLogger(__name__)
 INDEX_TYPES = ("flat", "hnsw", "ivfpq")
 LOAD_CHUNK_ROWS = 65_536  # rows copied (or widened to fp32 for a GPU) at a time while a flat index loads
 IVFPQ_MIN_PASSAGES = 10_000  # below this, k-means and PQ training have too few points; flat is exact and small
+
+
+# A flat index in host memory is searched in fp32 (IndexFlatIP: FAISS's BLAS path) where its fp32 vectors take at
+# most this share of the host's memory, else in fp16 (IndexScalarQuantizer QT_fp16: half the memory, no BLAS;
+# bench/bench_flat_precision.py measures both).
+FLAT_FP32_HOST_SHARE = 0.5
+
+
+def flat_precision(count: int, dim: int, host_bytes: float, asked: str = "auto") -> str:
+    """"fp32" or "fp16" for a flat index of `count` x `dim` searched in a host of `host_bytes` (`asked`: the
+    recipe's retrieval.flat_precision; "auto" decides by memory). The plan calls it with the stated host."""
+    if asked in ("fp32", "fp16"):
+        return asked
+    return "fp32" if count * dim * 4 <= FLAT_FP32_HOST_SHARE * host_bytes else "fp16"
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def search_threads(asked: int | None = None) -> int:
+    """FAISS's CPU search threads for this process: `asked`, else this machine's CPUs shared out over the ranks
+    running on it (LOCAL_WORLD_SIZE, 1 outside a launch), at least one."""
+    import os
+
+    if asked:
+        return max(1, int(asked))
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    return max(1, len(os.sched_getaffinity(0)) // ranks)
 
 
 def gpu_count() -> int:
