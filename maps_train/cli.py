@@ -14,6 +14,7 @@ import sys
 
 import typer
 
+from maps_train.config import install_log_redaction, redact_text
 from maps_train.errors import MapsTrainError, os_error_line
 from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
 
@@ -103,13 +104,14 @@ _register_all()
 def main() -> None:
     apply_runtime_defaults()
     exit_cleanly_on_sigterm()  # `kill PID` stops a run's engine processes with it
+    install_log_redaction()  # a server URL's password never reaches a log line
     try:
         app()
-    except MapsTrainError as err:
-        typer.echo(f"maps-train: error: {err}", err=True)
+    except MapsTrainError as err:  # every error line redacted too: a URL's user info, a secret flag's value
+        typer.echo(f"maps-train: error: {redact_text(str(err))}", err=True)
         sys.exit(2)
     except OSError as err:  # a full disk, EIO, a folder or a symlink loop where a file should be: the path, one line
-        typer.echo(f"maps-train: error: {os_error_line(err)}", err=True)
+        typer.echo(f"maps-train: error: {redact_text(os_error_line(err))}", err=True)
         sys.exit(2)
 
 

@@ -647,6 +647,37 @@ def redact_secrets(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
+def redact_text(text: str) -> str:
+    """One line (an error, a log message) with its secrets hidden as `redact_secrets` hides them in a string:
+    URL user info (`http://user:pass@host` -> `http://***@host`), secret overrides and secret flags' values."""
+    return _redact_text(text)
+
+
+def install_log_redaction() -> None:
+    """Every log record made from now on in this process carries its message redacted (`redact_text`): the URL of
+    a server with a password in it, logged by the package or by a library (httpx logs each request's URL), never
+    reaches a terminal or a log file. Installed once by the entry points."""
+    import logging
+
+    make = logging.getLogRecordFactory()
+    if getattr(make, "redacts", False):
+        return
+
+    def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a record whose arguments do not fit its format: logging reports it
+            return record
+        cleaned = _redact_text(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return record
+
+    redacted_record.redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(redacted_record)
+
+
 # --- names that become folder names -------------------------------------------------------------------------------
 
 MAX_NAME_LENGTH = 100

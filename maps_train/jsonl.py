@@ -16,8 +16,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
-from typing import Any
+from typing import Any, BinaryIO
 
 from maps_train import safejson
 from maps_train.errors import MapsTrainError, io_errors

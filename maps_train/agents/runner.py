@@ -18,7 +18,7 @@ from maps_train import safejson
 from maps_train.agents.engine import Engine
 from maps_train.agents.registry import engine_class
 from maps_train.agents.schedule import advance
-from maps_train.errors import MapsTrainError, io_errors
+from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
@@ -27,6 +27,7 @@ from maps_train.records.shards import ANSWERS_FILE, TRACES_FILE
 from maps_train.records.store import KeyedJsonl
 from maps_train.records.trace import TraceRecord, restore_lost_answers
 from maps_train.retrieval.base import Retriever
+from maps_train.runlock import sole_writer
 
 
 def build_engine(recipe: Recipe, backend: Backend | None = None, retriever: Retriever | None = None) -> Engine:
@@ -67,13 +68,19 @@ def run_method(
     progress: bool = True,
 ) -> list[AnswerRecord]:
     """Answer `questions` with `recipe.agent.method`; returns their answer records (earlier runs' included), in
-    input order. Writes `<out_dir>/answers.jsonl` and `<out_dir>/traces.jsonl`."""
-    from tqdm.auto import tqdm
-
+    input order. Writes `<out_dir>/answers.jsonl` and `<out_dir>/traces.jsonl`, holding the folder's lock
+    (`runlock.sole_writer`) while it does."""
     _check_ids(questions)
     out = Path(out_dir)
-    with io_errors(out, "create the output folder"):
-        out.mkdir(parents=True, exist_ok=True)
+    # One writer per folder: two runs into one would each answer every question (and write it twice).
+    with sole_writer(out, f"maps-train ({recipe.agent.method} answers and traces)"):
+        return _run_method(recipe, questions, out, backend, retriever, progress)
+
+
+def _run_method(recipe: Recipe, questions: list[Question], out: Path, backend: Backend | None,
+                retriever: Retriever | None, progress: bool) -> list[AnswerRecord]:
+    from tqdm.auto import tqdm
+
     answers = KeyedJsonl(out / ANSWERS_FILE)
     traces = KeyedJsonl(out / TRACES_FILE)
     rows = answers.load()

@@ -295,34 +295,37 @@ def run_iteration(
     """
     from maps_train.agents.runner import run_method
     from maps_train.records.trace import iter_traces
+    from maps_train.runlock import sole_writer
 
     if recipe.agent.method not in MAPS_METHODS:
         raise MapsTrainError(f"agent.method: on-policy distillation trains MAPS roles; got '{recipe.agent.method}'")
     out = iteration_dir(recipe, iteration)
-    questions = load_training_questions(recipe)
-    run_method(student_recipe(recipe, iteration), questions, out / "student", backend=student_backend,
-               retriever=retriever, progress=progress)
-    traces = [t for _, t in iter_traces(out / "student" / "traces.jsonl") if isinstance(t, TraceRecord)]
+    # One writer per iteration folder: two would label every call twice and train on the mix.
+    with sole_writer(out, "maps-train distill-on-policy"):
+        questions = load_training_questions(recipe)
+        run_method(student_recipe(recipe, iteration), questions, out / "student", backend=student_backend,
+                   retriever=retriever, progress=progress)
+        traces = [t for _, t in iter_traces(out / "student" / "traces.jsonl") if isinstance(t, TraceRecord)]
 
-    roles = set(adapter_of_role(recipe, shared=False))
-    tasks = label_tasks(traces, roles, recipe.agent.num_directions, recipe.onpolicy.label == "failed")
-    built = teacher is None
-    teacher = teacher or teacher_router(recipe)
-    try:
-        label_calls(tasks, teacher, KeyedJsonl(out / LABELS_FILE, key="key"), recipe.onpolicy.batch_size,
-                    recipe.onpolicy.keep == "divergent", progress)
-    finally:
-        if built:
-            teacher.close()
-    wanted = {task.key for task in tasks}
-    labels = [row for key, row in KeyedJsonl(out / LABELS_FILE, key="key").load().items() if key in wanted]
+        roles = set(adapter_of_role(recipe, shared=False))
+        tasks = label_tasks(traces, roles, recipe.agent.num_directions, recipe.onpolicy.label == "failed")
+        built = teacher is None
+        teacher = teacher or teacher_router(recipe)
+        try:
+            label_calls(tasks, teacher, KeyedJsonl(out / LABELS_FILE, key="key"), recipe.onpolicy.batch_size,
+                        recipe.onpolicy.keep == "divergent", progress)
+        finally:
+            if built:
+                teacher.close()
+        wanted = {task.key for task in tasks}
+        labels = [row for key, row in KeyedJsonl(out / LABELS_FILE, key="key").load().items() if key in wanted]
 
-    stats = iteration_stats(iteration, traces, labels)
-    sft_dir = write_sft_sets(recipe, labels, out, stats)
-    (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=1) + "\n", encoding="utf-8")
-    if train is not None:
-        train(sft_dir, out / "adapters")
-    return stats
+        stats = iteration_stats(iteration, traces, labels)
+        sft_dir = write_sft_sets(recipe, labels, out, stats)
+        (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=1) + "\n", encoding="utf-8")
+        if train is not None:
+            train(sft_dir, out / "adapters")
+        return stats
 
 
 def markdown(stats: list[IterationStats]) -> str:

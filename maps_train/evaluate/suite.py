@@ -40,6 +40,7 @@ from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
 from maps_train.records.shards import Shard
 from maps_train.records.store import absent
+from maps_train.runlock import sole_writer
 from maps_train.tracking import Tracker, WandbConfig, artifact_name, make_tracker
 
 RunMethod = Callable[..., list[AnswerRecord | dict[str, Any]]]
@@ -291,44 +292,45 @@ def run_suite(
     questions = load_suite_questions(suite, dataset_specs, suite_path)
 
     out_dir = Path(suite.out_dir) if shard is None else shard.out_dir(suite.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / SUITE_MANIFEST, dump_yaml(redact_secrets(suite)))
-    write_samples(out_dir / SAMPLES_FILE, questions)
-    if shard is not None:  # samples.json keeps the whole sample: every shard's copy is the same
-        questions = {name: shard.select(chosen) for name, chosen in questions.items()}
+    # One writer per suite folder: two evals of one suite would score every question twice.
+    with sole_writer(out_dir, "maps-train eval"):
+        write_text_atomic(out_dir / SUITE_MANIFEST, dump_yaml(redact_secrets(suite)))
+        write_samples(out_dir / SAMPLES_FILE, questions)
+        if shard is not None:  # samples.json keeps the whole sample: every shard's copy is the same
+            questions = {name: shard.select(chosen) for name, chosen in questions.items()}
 
-    pool = None
-    if runner is None:
-        # The real agent: systems on the same base model share one engine, and a finished system's engine is
-        # closed before one that would not fit beside it starts (see maps_train.llm.pool).
-        from maps_train.llm.pool import EnginePool
+        pool = None
+        if runner is None:
+            # The real agent: systems on the same base model share one engine, and a finished system's engine is
+            # closed before one that would not fit beside it starts (see maps_train.llm.pool).
+            from maps_train.llm.pool import EnginePool
 
-        pool, run_method = EnginePool(), default_runner()
+            pool, run_method = EnginePool(), default_runner()
 
-        # ... and runs with the same retrieval config share one retriever: the index is loaded once per suite.
-        from maps_train.retrieval.factory import RetrieverPool
+            # ... and runs with the same retrieval config share one retriever: the index is loaded once per suite.
+            from maps_train.retrieval.factory import RetrieverPool
 
-        retrievers = RetrieverPool()
+            retrievers = RetrieverPool()
 
-        def runner(recipe, pending, run_dir, progress=True):
-            with pool.lease(recipe) as router:  # held for the whole run: its engines stay open until it ends
-                return run_method(recipe, pending, run_dir, backend=router,
-                                  retriever=retrievers.get(recipe.retrieval), progress=progress)
-    elif engines is not None:
-        runner = leasing_runner(runner, engines)
+            def runner(recipe, pending, run_dir, progress=True):
+                with pool.lease(recipe) as router:  # held for the whole run: its engines stay open until it ends
+                    return run_method(recipe, pending, run_dir, backend=router,
+                                      retriever=retrievers.get(recipe.retrieval), progress=progress)
+        elif engines is not None:
+            runner = leasing_runner(runner, engines)
 
-    try:
-        scored, unanswered = _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress)
-    finally:
-        if pool is not None:
-            pool.close()
-            retrievers.close()
+        try:
+            scored, unanswered = _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir, runner, progress)
+        finally:
+            if pool is not None:
+                pool.close()
+                retrievers.close()
 
-    summary, files = build_report(out_dir)
-    if scored:
-        tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
-        _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
-    return SuiteOutcome(out_dir, out_dir / RESULTS, summary, files, scored, unanswered)
+        summary, files = build_report(out_dir)
+        if scored:
+            tracker = tracker or make_tracker(suite.wandb, suite.name, out_dir)
+            _log_tracking(tracker, replace(suite, systems=system_specs), recipes, summary, files, out_dir)
+        return SuiteOutcome(out_dir, out_dir / RESULTS, summary, files, scored, unanswered)
 
 
 def read_samples(path: Path) -> dict[str, Any]:

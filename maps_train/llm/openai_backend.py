@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx  # here, not in the loop threads: backends built at once by parallel suite runs raced on its import
 
+from maps_train.config import redact_text
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import (
     CallSpec,
@@ -73,7 +74,8 @@ def _failed(url: str, what: str, err: Any) -> str:
     """The line for an error the SDK gave up on. Its attempts are read off the last request it sent (the SDK's
     own `x-stainless-retry-count` header), not assumed: a `Retry-After` over its cap stops retries early."""
     attempts = int(err.request.headers.get("x-stainless-retry-count", 0)) + 1
-    return f"backend.base_urls: {url} failed {attempts} times ({type(err).__name__}: {_one_line(err)}) on {what}"
+    return redact_text(f"backend.base_urls: {url} failed {attempts} times ({type(err).__name__}: {_one_line(err)}) "
+                       f"on {what}")
 
 
 class OpenAIBackend:
@@ -138,12 +140,13 @@ class OpenAIBackend:
         except openai.APIConnectionError as err:  # timeouts included (APITimeoutError)
             raise MapsTrainError(_failed(url, what, err)) from None
         except openai.NotFoundError as err:
-            raise MapsTrainError(f"backend.base_urls: {url} has no model for {what} ({_one_line(err)})") from None
+            raise MapsTrainError(redact_text(f"backend.base_urls: {url} has no model for {what} ({_one_line(err)})")
+                                 ) from None
         except openai.APIStatusError as err:
             if _transient(err.status_code):
                 raise MapsTrainError(_failed(url, what, err)) from None
             raise MapsTrainError(
-                f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})"
+                redact_text(f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})")
             ) from None
 
     async def _ready(self, url: str) -> None:
@@ -164,8 +167,8 @@ class OpenAIBackend:
                     except httpx.HTTPError:
                         pass
                     if time.monotonic() > deadline:
-                        raise MapsTrainError(f"backend.server_wait_s: {health} did not answer within "
-                                             f"{self.config.server_wait_s:.0f}s")
+                        raise MapsTrainError(f"backend.server_wait_s: {redact_text(health)} did not answer "
+                                             f"within {self.config.server_wait_s:.0f}s")
                     await asyncio.sleep(0.5)
             self._up.add(url)
 
@@ -176,7 +179,7 @@ class OpenAIBackend:
             cards = list(page.data)
             bases = [c.id for c in cards if getattr(c, "parent", None) is None] or [c.id for c in cards]
             if not bases:
-                raise MapsTrainError(f"backend.base_urls: {url} serves no model")
+                raise MapsTrainError(f"backend.base_urls: {redact_text(url)} serves no model")
             self._base_names[url] = bases[0]
         return self._base_names[url]
 

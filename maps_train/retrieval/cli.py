@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import typer
 
@@ -58,6 +59,7 @@ def register(app: typer.Typer) -> None:
         _log_setup()
         from maps_train.retrieval.build import build_index
         from maps_train.retrieval.factory import default_index_dir
+        from maps_train.runlock import sole_writer
 
         settings = _settings(
             recipe,
@@ -72,7 +74,10 @@ def register(app: typer.Typer) -> None:
         )
         out_dir = out or settings.index_dir or str(default_index_dir(settings))
         extra = {} if settings.kind == "bm25" else {"keep_embeddings": keep_embeddings}
-        build_index(settings, out_dir, force=force, **extra)
+        index_dir = Path(out_dir).expanduser()
+        # One builder per index: the same lock file a run that builds a missing index waits on (`factory`).
+        with sole_writer(index_dir.parent, "maps-train index build", name=f"{index_dir.name}.lock"):
+            build_index(settings, out_dir, force=force, **extra)
         typer.echo(f"index ready: {out_dir}")
 
     @retrieve_app.command("serve")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from maps_train.config import redact_text
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.base import Hit
 from maps_train.safejson import scrub
@@ -32,6 +33,7 @@ class RetrievalClient:
         import httpx
 
         self.url = url.rstrip("/")
+        self.shown_url = redact_text(self.url)  # what error lines show: no user info
         self.retries = retries
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)))
 
@@ -46,23 +48,23 @@ class RetrievalClient:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TimeoutException as err:
-                error = MapsTrainError(f"retrieval service {self.url}{path}: timed out ({type(err).__name__})")
+                error = MapsTrainError(f"retrieval service {self.shown_url}{path}: timed out ({type(err).__name__})")
             except httpx.TransportError as err:
                 error = MapsTrainError(
-                    f"retrieval service {self.url} unreachable ({type(err).__name__}: {err}); "
+                    f"retrieval service {self.shown_url} unreachable ({type(err).__name__}: {redact_text(str(err))}); "
                     f"start it with `maps-train retrieve serve --index DIR` or unset retrieval.service_url"
                 )
             else:
                 if response.status_code >= 500 and attempt < self.retries:
                     error = None
                 elif response.is_error:  # 4xx (413 over a limit, 422 malformed) would fail again: no retry
-                    raise MapsTrainError(f"retrieval service {self.url}{path}: {_refusal(response)}")
+                    raise MapsTrainError(f"retrieval service {self.shown_url}{path}: {_refusal(response)}")
                 else:
                     return response.json()
             if attempt < self.retries:
                 time.sleep(0.5 * 2**attempt)
         if error is None:
-            raise MapsTrainError(f"retrieval service {self.url}{path}: {_refusal(response)}")
+            raise MapsTrainError(f"retrieval service {self.shown_url}{path}: {_refusal(response)}")
         raise error
 
     def health(self) -> dict:

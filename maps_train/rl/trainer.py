@@ -152,9 +152,12 @@ def is_finished(recipe: Recipe, role: str) -> bool:
     if not path.is_file():
         return False
     try:
-        recorded = json.loads(path.read_text(encoding="utf-8")).get("reward_settings")
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        recorded, steps = summary.get("reward_settings"), summary.get("global_step")
     except (OSError, ValueError, AttributeError):
-        recorded = None
+        recorded, steps = None, None
+    if isinstance(steps, int) and steps < 1:
+        return False  # a summary of no GRPO step (written before runs that trained none were refused)
     check_reward_settings(recipe, role, recorded, path)
     return True
 
@@ -181,6 +184,10 @@ def check_rl_config(recipe: Recipe) -> None:
         check_vllm_rollout(rl.grpo)
     if not rl.roles:
         raise ConfigError("rl.roles: name at least one role to train (proposer, writer, consolidator)")
+    for field, other in (("train.output_dir", recipe.train.output_dir), ("rl.adapters_dir", rl.adapters_dir)):
+        if other and Path(rl.output_dir).expanduser().resolve() == Path(other).expanduser().resolve():
+            raise ConfigError(f"rl.output_dir: {rl.output_dir} is {field}, another stage's folder (its checkpoints "
+                              "would be resumed and its adapters overwritten); give rl a folder of its own")
     adapters = [adapter_of_role(recipe).get(role) for role in rl.roles]
     if len(set(adapters)) != len(adapters):
         raise ConfigError(f"rl.roles: {rl.roles} train one adapter twice ({', '.join(map(str, adapters))})")
@@ -238,9 +245,26 @@ def mark_folder(folder: Path, role: str) -> None:
     if folder.is_symlink() or (folder.exists() and not marker.is_file() and any(folder.iterdir())):
         raise MapsTrainError(f"{folder}: rl would write into it, but it has no {OUTPUT_MARKER} (not a folder "
                              "maps-train wrote); move it or set rl.output_dir")
+    writer = marker_writer(marker) if marker.is_file() else RL_WRITER
+    if writer != RL_WRITER:  # SFT's checkpoints: resuming from them would ship the SFT adapter as RL's
+        raise MapsTrainError(f"{folder}: holds another stage's output ({OUTPUT_MARKER} says {writer!r}); set "
+                             "rl.output_dir to a folder of its own")
     folder.mkdir(parents=True, exist_ok=True)
     if not marker.is_file():
-        marker.write_text(json.dumps({"written_by": "maps-train rl", "role": role}) + "\n", encoding="utf-8")
+        marker.write_text(json.dumps({"written_by": RL_WRITER, "role": role}) + "\n", encoding="utf-8")
+
+
+RL_WRITER = "maps-train rl"  # `written_by` of RL's folder markers (training's say "maps-train")
+
+
+def marker_writer(marker: Path) -> str:
+    """The `written_by` of a folder marker (a few bytes of JSON); unreadable or malformed: "unknown"."""
+    try:
+        with marker.open("rb") as handle:
+            written = json.loads(handle.read(4096))
+    except (OSError, ValueError):
+        return "unknown"
+    return str(written.get("written_by")) if isinstance(written, dict) else "unknown"
 
 
 def file_sha256(path: Path) -> str | None:
@@ -261,9 +285,10 @@ def build_grpo_config(recipe: Recipe, role: str, bf16: bool, wandb_on: bool):
     from trl import GRPOConfig
 
     from maps_train.rl.rewards import reward_weights
-    from maps_train.train.sft import on_cpu
+    from maps_train.train.sft import on_cpu, refuse_hub_token
 
     rl = recipe.rl
+    refuse_hub_token(rl.grpo, "rl.grpo")  # never into the checkpoints' training_args.bin
     kwargs: dict[str, Any] = dict(rl.grpo)
     if wandb_on and not kwargs.get("report_to"):
         kwargs["report_to"] = ["wandb"]
@@ -478,6 +503,9 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
             result = trainer.train(resume_from_checkpoint=last_checkpoint)
     finally:
         rollouts.close()
+    if trainer.state.global_step < 1:
+        raise MapsTrainError(f"rl {role}: no GRPO step was trained (rl.grpo.max_steps, rl.limit); nothing is saved "
+                             "as finished")
     trainer.save_state()
 
     sft.save_adapter(trainer, out_dir, sft.recorded_base_model(recipe.train.student))
@@ -632,6 +660,9 @@ def load_rl_questions(recipe: Recipe) -> list[Question]:
     questions: list[Question] = []
     for path in files:
         questions += load_questions(path, limit=recipe.rl.limit)
+    if not questions:
+        raise ConfigError(f"rl.limit: no training questions ({recipe.rl.limit} from {', '.join(map(str, files))}); "
+                          "a run that trains no step would pass the distilled adapter off as trained")
     return questions
 
 

@@ -206,10 +206,13 @@ def record_artifacts(recipe, adapter: str, out_dir, metrics: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from maps_train.config import install_log_redaction, redact_text
     from maps_train.recipe import adapter_names, load_recipe
+    from maps_train.train import sft
     from maps_train.train.sft import distributed_state
 
     apply_runtime_defaults()
+    install_log_redaction()
     args = parse_args(argv)
     try:
         state = distributed_state()
@@ -220,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.config, args.overrides)
         adapters = adapter_names(recipe) if args.role == "all" else [args.role]
         for adapter in adapters:
-            train_one(recipe, adapter, overwrite=args.overwrite)
+            with sft.sole_trainer(recipe, adapter, state):  # one writer of an adapter's checkpoints
+                train_one(recipe, adapter, overwrite=args.overwrite)
     except MapsTrainError as err:
-        print(f"maps-train: error: {err}", file=sys.stderr)
+        print(f"maps-train: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     finally:
         _close_process_group()

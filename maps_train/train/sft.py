@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.config import check_plain_name
-from maps_train.errors import MapsTrainError
+from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.platform import cpu_multiplies_bf16
 from maps_train.recipe import TRAINER_SUBDIR
 from maps_train.tracking import artifact_name, wandb_environment
@@ -95,6 +95,21 @@ def trainer_dir(recipe, adapter: str) -> Path:
     return Path(recipe.train.output_dir) / TRAINER_SUBDIR / check_plain_name(adapter, "adapter")
 
 
+def sole_trainer(recipe, adapter: str, state):
+    """The main rank's hold on training `adapter` (`<train.output_dir>/.lock-<adapter>`, beside the folders that
+    `--overwrite` removes): a second `train` of the same adapter is refused in one line naming the first, instead
+    of resuming from checkpoints still being written or losing them to the first's rotation. Other ranks run
+    under their main rank's hold."""
+    from contextlib import nullcontext
+
+    from maps_train.runlock import sole_writer
+
+    if not state.is_main_process:
+        return nullcontext()
+    name = check_plain_name(adapter, "adapter")
+    return sole_writer(Path(recipe.train.output_dir), f"maps-train train ({name})", name=f".lock-{name}")
+
+
 def is_trained(recipe, adapter: str) -> bool:
     return (adapter_output_dir(recipe, adapter) / SUMMARY_FILE).is_file()
 
@@ -121,11 +136,21 @@ def build_lora_config(train):
     return config
 
 
+def refuse_hub_token(options: dict[str, Any], section: str) -> None:
+    """A hub token in a recipe would be saved in plain text in every checkpoint (the Trainer pickles its arguments
+    into `training_args.bin`): refused in one line that does not repeat it; huggingface_hub reads `HF_TOKEN` or the
+    saved login (`hf auth login`) when `push_to_hub` needs one."""
+    if options.get("hub_token"):
+        raise ConfigError(f"{section}.hub_token: a token in a recipe is saved with every checkpoint's "
+                          "training_args.bin; remove it and set HF_TOKEN in the environment (or `hf auth login`)")
+
+
 def build_sft_config(recipe, adapter: str, precision: Precision, has_eval: bool = False):
     """trl.SFTConfig for one adapter: `train.sft` as written (our defaults under it), plus what maps-train decides:
     where checkpoints go, the machine's precision, W&B from the recipe, no evaluation without an eval split."""
     from trl import SFTConfig
 
+    refuse_hub_token(recipe.train.sft, "train.sft")
     kwargs: dict[str, Any] = dict(recipe.train.sft)
     wandb_on = wandb_environment(recipe.wandb, recipe.name)
     kwargs.setdefault("run_name", f"{recipe.name}-{adapter}")
@@ -196,17 +221,51 @@ def save_adapter(trainer, folder: Path, base_model: str) -> None:
 
 
 def last_complete_checkpoint(folder: Path) -> str | None:
-    """The newest `checkpoint-<step>` under `folder` that was saved whole, or None.
+    """The newest `checkpoint-<step>` under `folder` that was saved whole and whose state reads back, or None.
 
     transformers' `get_last_checkpoint` takes the highest step without looking inside, so a kill in the middle of a
     save (a folder holding only a rank's `rng_state_1.pth`) would be resumed from and fail. The Trainer writes
-    `trainer_state.json` last, so a checkpoint that has it is complete."""
+    `trainer_state.json` last, so a checkpoint that has it is complete; one whose `trainer_state.json` is torn or
+    unreadable (a full disk, a cut copy) is skipped with a warning and the next older one is taken, instead of a
+    traceback on every rerun."""
     if not folder.is_dir():
         return None
     steps = [(int(path.name.removeprefix("checkpoint-")), path) for path in folder.iterdir()
              if path.is_dir() and path.name.removeprefix("checkpoint-").isdigit()]
-    complete = [(step, path) for step, path in steps if (path / "trainer_state.json").is_file()]
-    return str(max(complete)[1]) if complete else None
+    for _, path in sorted(steps, reverse=True):
+        state = path / "trainer_state.json"
+        if not state.is_file():
+            continue  # cut before its state was written
+        problem = checkpoint_state_problem(state)
+        if problem is None:
+            return str(path)
+        logger.warning("%s: %s; skipped, resuming from an older checkpoint if there is one", state, problem)
+    return None
+
+
+MAX_TRAINER_STATE_BYTES = 64 * 1024 * 1024  # a state's log history, one entry per logged step
+
+
+def checkpoint_state_problem(state: Path) -> str | None:
+    """Why a checkpoint's trainer_state.json cannot be resumed from (None when it can): it must be a regular file
+    of at most MAX_TRAINER_STATE_BYTES holding a JSON object with an integer `global_step`."""
+    from maps_train import safejson
+
+    try:
+        if not state.is_file() or state.stat().st_size > MAX_TRAINER_STATE_BYTES:
+            return f"not a regular file of at most {MAX_TRAINER_STATE_BYTES:,} bytes"
+        with state.open("rb") as handle:
+            data = handle.read(MAX_TRAINER_STATE_BYTES + 1)
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    try:
+        parsed = safejson.loads(data)
+    except safejson.JSONLimitError as err:
+        return f"torn or not JSON ({err})"
+    step = parsed.get("global_step") if isinstance(parsed, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return "no integer global_step"
+    return None
 
 
 def _output_dirs(recipe, adapter: str) -> list[tuple[Path, Path, bool]]:
