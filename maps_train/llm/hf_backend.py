@@ -3,7 +3,9 @@
 A batch whose rows use different adapters runs as one `generate(..., adapter_names=[...])` call (PEFT's mixed
 adapter batches; `"__base__"` is the bare model). Prompts are left-padded. Rows are grouped by sampling settings
 (one generation config per call) and split into `hf_batch_size` chunks. JSON schemas are NOT enforced here
-(no constrained decoding): completions say `constrained=False` and callers parse tolerantly. Thinking is the
+(no constrained decoding): completions say `constrained=False` and callers parse tolerantly. Sampling is the
+route's in full (top_k, min_p, repetition and presence penalty: the last a logits processor of our own, as
+transformers has none), never the model's `generation_config.json` defaults. Thinking is the
 template's `enable_thinking` (route or request); the reasoning is split off the decoded text, so a role's output is
 parsed from what follows `</think>`. A raw continuation is the rendered prompt plus the text, tokenised once.
 
@@ -28,6 +30,7 @@ from maps_train.llm.common import (
     adapter_dir,
     adapter_name,
     call_spec,
+    decode_generated,
     default_route,
     first_stop,
     fit_request,
@@ -134,6 +137,10 @@ class HFBackend:
             raise MapsTrainError("hf backend: an adapter was requested but none is loaded")
         if spec.stop:
             kwargs.update(stop_strings=spec.stop, tokenizer=tok)
+        if spec.presence_penalty:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList([PresencePenalty(spec.presence_penalty, width)])
         start = time.perf_counter()
         with seeded_rng(None if spec.greedy else spec.seed, self.device), torch.inference_mode():
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen, **kwargs)
@@ -146,7 +153,7 @@ class HFBackend:
                 # generate pads rows that finished early on a stop string; drop the padding
                 while new and new[-1] == pad and pad not in eos_ids:
                     new.pop()
-            text = tok.decode(new, skip_special_tokens=True)
+            text = decode_generated(tok, new)
             text, stopped = first_stop(text, s.stop)
             if stopped is not None:
                 finish = "stop"
@@ -181,10 +188,14 @@ class HFBackend:
         gen.pad_token_id = self.tokenizer.pad_token_id
         if gen.eos_token_id is None:
             gen.eos_token_id = self.tokenizer.eos_token_id
+        # Every sampling field set from the route, none kept from the model's generation_config.json (Qwen3's
+        # says top_k 20, which vLLM in process would not apply): the same values reach every backend.
         if not spec.greedy:
             gen.do_sample, gen.temperature, gen.top_p = True, spec.temperature, spec.top_p
+            gen.top_k, gen.min_p = spec.top_k, spec.min_p or None  # 0: no top-k
         else:
-            gen.do_sample, gen.temperature, gen.top_p, gen.top_k = False, None, None, None
+            gen.do_sample, gen.temperature, gen.top_p, gen.top_k, gen.min_p = False, None, None, None, None
+        gen.repetition_penalty = spec.repetition_penalty
         return gen
 
     def close(self) -> None:
@@ -192,6 +203,21 @@ class HFBackend:
         import gc
 
         gc.collect()
+
+
+class PresencePenalty:
+    """vLLM's (and the OpenAI API's) presence penalty, which transformers lacks: `penalty` off the logit of every
+    token the row has generated so far (not the prompt's, which start `prompt_width` columns of left-padded ids)."""
+
+    def __init__(self, penalty: float, prompt_width: int):
+        self.penalty, self.prompt_width = penalty, prompt_width
+
+    def __call__(self, input_ids, scores):
+        generated = input_ids[:, self.prompt_width :]
+        if generated.shape[1]:
+            seen = scores.new_zeros(scores.shape, dtype=scores.dtype).scatter_(1, generated, 1.0)
+            scores = scores - self.penalty * seen
+        return scores
 
 
 def _group_key(spec: CallSpec, row: int) -> tuple:

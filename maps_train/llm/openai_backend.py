@@ -48,6 +48,7 @@ from maps_train.llm.common import (
     generation_opens_thinking,
     render_prompt,
     split_thinking,
+    think_tags_special,
 )
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, RoleRoute
@@ -229,10 +230,19 @@ class OpenAIBackend:
         for key in ("chat_template_kwargs", "continue_final_message", "add_generation_prompt"):
             extra.pop(key, None)
         extra["add_special_tokens"] = False
+        if think_tags_special(self.tokenizer(spec.route.model, spec.request.role)):
+            extra["skip_special_tokens"] = False  # the server would drop `</think>` (see llm.common.think_tags_special)
         return {"prompt": prompt, **body}
 
     def body(self, spec: CallSpec) -> dict[str, Any]:
-        extra: dict[str, Any] = {"chat_template_kwargs": spec.chat_template_kwargs}
+        # vLLM's sampling beyond the OpenAI API's, always sent: a server fills unset fields from the model's
+        # generation_config.json (top_k 20 for Qwen3), which in-process vLLM and transformers would not do.
+        extra: dict[str, Any] = {
+            "chat_template_kwargs": spec.chat_template_kwargs,
+            "top_k": spec.top_k,
+            "min_p": spec.min_p,
+            "repetition_penalty": spec.repetition_penalty,
+        }
         if spec.json_schema is not None:
             extra["structured_outputs"] = {"json": spec.json_schema}
         if spec.request.continue_final_message:
@@ -246,6 +256,7 @@ class OpenAIBackend:
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
             "top_p": spec.top_p,
+            "presence_penalty": spec.presence_penalty,
             "extra_body": extra,
         }
         if spec.stop:

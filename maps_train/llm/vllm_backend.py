@@ -4,7 +4,7 @@ Prompts are rendered with the tokenizer's chat template here (per-request `chat_
 `LLM.chat` only takes per call) and passed as token ids, so a whole mixed batch (different roles, adapters,
 sampling, schemas) is ONE `LLM.generate` call with per-prompt `SamplingParams` and `lora_request` lists.
 JSON schemas become `StructuredOutputsParams(json=...)`. Temperature, top_p and seed are per request (the route's,
-overridden by the request's): vLLM draws each seeded request from its own generator, so a seed reproduces a
+overridden by the request's), top_k, min_p and the penalties the route's: vLLM draws each seeded request from its own generator, so a seed reproduces a
 request's text whatever else is in the batch (up to batch-dependent float rounding in the logits). The engine starts on first use; `close()` frees it and
 a later call starts it again.
 
@@ -41,6 +41,7 @@ from maps_train.llm.common import (
     reasoning_token_count,
     split_thinking,
     think_close_id,
+    think_tags_special,
 )
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.platform import (
@@ -199,7 +200,9 @@ class VLLMBackend:
     # -- generation -----------------------------------------------------------------------------------------
 
     @staticmethod
-    def sampling_params(spec: CallSpec):
+    def sampling_params(spec: CallSpec, keep_think_tags: bool = False):
+        """`keep_think_tags`: the tokenizer marks `<think>`/`</think>` special (`think_tags_special`), so the text
+        is decoded with special tokens kept, or vLLM would drop them and the answer would read as reasoning."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -208,9 +211,14 @@ class VLLMBackend:
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
             top_p=spec.top_p,
+            top_k=spec.top_k,
+            min_p=spec.min_p,
+            presence_penalty=spec.presence_penalty,
+            repetition_penalty=spec.repetition_penalty,
             stop=spec.stop,
             seed=spec.seed,
             structured_outputs=structured,
+            skip_special_tokens=not keep_think_tags,
         )
 
     def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
@@ -228,7 +236,8 @@ class VLLMBackend:
             texts = [f.text for f in fitted]
             self._check_thinking(specs, texts, tok)
             prompts = [TokensPrompt(prompt_token_ids=f.ids) for f in fitted]
-        params = [self.sampling_params(s) for s in specs]
+            keep = think_tags_special(tok)
+        params = [self.sampling_params(s, keep) for s in specs]
         finished = loop.generate(prompts, params, loras)
         completions = []
         with self._lock:
