@@ -182,8 +182,10 @@ def test_each_paper_system_runs_with_thinking_on_and_off(repo_root, suite_name):
             route = recipe.route(role)
             assert route.enable_thinking is thinking, (name, role)
             assert route.max_tokens == 8192 and route.model == model, (name, role)
-            sampling = (0.6, 0.95) if thinking else (0.0, 1.0)
-            assert (route.temperature, route.top_p) == sampling, (name, role)
+            # Qwen's sampling for the route's thinking mode, never greedy (issue 46)
+            sampling = (0.6, 0.95, 20, 0.0) if thinking else (0.7, 0.8, 20, 0.0)
+            assert (route.temperature, route.top_p, route.top_k, route.min_p) == sampling, (name, role)
+            assert route.seed == 0, (name, role)
         for role in NEVER_THINKING.get(method, ()):
             assert recipe.route(role).enable_thinking is False, (name, role)
     # The two variants of a system differ in the thinking roles' thinking and sampling only.
@@ -252,3 +254,24 @@ def test_the_report_prints_a_systems_departures_under_the_table(tmp_path):
             "(reference: 8192); roles.answer.enable_thinking false (reference: true)") in cover_em
     assert f"- paper_maps matches {reference} in every compared setting" in cover_em
     assert "batch_size" not in report  # speed, not answers
+
+
+def test_gpqa_runs_at_qwens_32k_budget_in_a_suite_of_its_own(repo_root):
+    """The main suites hold every data set at 8,192 output tokens per call and say why; paper_gpqa32k.yaml runs
+    every .think system of both backbones on GPQA at Qwen's recommended 32,768 (issue 46)."""
+    from maps_train.evaluate.suite import load_suite, load_system_recipe
+
+    for name in ("paper", "paper_qwen3.6"):
+        assert "paper_gpqa32k.yaml" in (repo_root / "eval" / "suites" / f"{name}.yaml").read_text()
+    path = repo_root / "eval" / "suites" / "paper_gpqa32k.yaml"
+    suite = load_suite(path)
+    assert [d.name for d in suite.datasets] == ["gpqa"]
+    recipes = {spec.name: load_system_recipe(spec, i, path) for i, spec in enumerate(suite.systems)}
+    bases = {"maps", "vanilla_rag", "search_o1", "parallel_search", "s3"}
+    assert set(recipes) == {f"{b}.think.{backbone}" for b in bases for backbone in ("qwen3-32b", "qwen3.6")}
+    for name, recipe in recipes.items():
+        assert recipe.backend.max_model_len == 40960, name
+        for role in THINKING_ROLES[recipe.agent.method]:
+            route = recipe.route(role)
+            assert (route.enable_thinking, route.max_tokens) == (True, 32768), (name, role)
+            assert (route.temperature, route.top_p, route.top_k, route.min_p) == (0.6, 0.95, 20, 0.0), (name, role)
