@@ -455,3 +455,37 @@ def test_runs_overlap_only_with_runs_on_the_same_engines():
                                 "backend.base_urls=[http://h:8000/v1]"])
     assert engines_of(teacher) == engines_of(baseline) == ("vllm:m",)
     assert engines_of(served) == ("openai@http://h:8000/v1",)
+
+
+def test_suite_defaults_are_stated_once_and_a_system_s_own_fields_win(tmp_path):
+    from maps_train.errors import ConfigError
+    from maps_train.evaluate.suite import load_suite
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "name: s\ndatasets: [{name: demo, path: data/demo/test.jsonl}]\n"
+        "defaults: {recipe: recipes/demo/demo.yaml, overrides: [agent.top_k=5, agent.max_rounds=3], params_billion: 1.5}\n"
+        "systems:\n"
+        "  - {name: a}\n"
+        "  - {name: b, overrides: [agent.max_rounds=1], params_billion: 0.1, recipe: recipes/demo/rl.yaml}\n")
+    a, b = load_suite(suite).systems
+    assert (a.recipe, a.overrides, a.params_billion) == ("recipes/demo/demo.yaml", ["agent.top_k=5", "agent.max_rounds=3"], 1.5)
+    # b's own override comes last (so it wins over the default's max_rounds), and its own recipe and size stay.
+    assert (b.recipe, b.overrides, b.params_billion) == ("recipes/demo/rl.yaml",
+                                                        ["agent.top_k=5", "agent.max_rounds=3", "agent.max_rounds=1"], 0.1)
+    suite.write_text("name: s\ndatasets: [{name: demo, path: data/demo/test.jsonl}]\nsystems: [{name: a}]\n")
+    with pytest.raises(ConfigError, match=r"systems\[0\]\.recipe: missing \(and the suite's defaults name none\)"):
+        load_suite(suite)
+
+
+def test_the_shipped_suites_repeat_no_recipe_or_shared_override():
+    from pathlib import Path
+
+    from maps_train.evaluate.suite import load_suite
+
+    for path in sorted(Path("eval/suites").glob("*.yaml")):
+        raw = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        systems = load_suite(path).systems
+        recipes = {system.recipe for system in systems}
+        # a recipe that every system uses is named once (under defaults:), not once per system
+        assert not (len(systems) > 1 and len(recipes) == 1 and raw.count(f"recipe: {recipes.pop()}") > 1), path

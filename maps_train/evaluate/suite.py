@@ -60,9 +60,18 @@ class DatasetSpec:
 
 
 @dataclass
+class SystemDefaults:
+    """What every system of a suite shares, stated once (`defaults:`): a system's own fields come after these."""
+
+    recipe: str | None = None
+    overrides: list[str] = field(default_factory=list)  # before each system's own overrides (which win)
+    params_billion: float | None = None
+
+
+@dataclass
 class SystemSpec:
     name: str
-    recipe: str  # a recipe YAML, relative to the working directory (else to the suite file)
+    recipe: str = ""  # a recipe YAML, relative to the working directory (else to the suite file); "": defaults.recipe
     overrides: list[str] = field(default_factory=list)  # dotted recipe overrides, e.g. agent.method=vanilla
     params_billion: float | None = None  # model size for the compute estimate; counted from the model when null
     # Which routes the roles take: the recipe's own (in a distillation recipe, the teacher); `distilled`: the
@@ -82,6 +91,7 @@ class SuiteConfig:
     out_dir: str = "runs/eval"
     data_root: str = "data"  # default local layout <data_root>/<name>/<split>.jsonl (FlashRAG's)
     datasets: list[DatasetSpec] = field(default_factory=list)
+    defaults: SystemDefaults = field(default_factory=SystemDefaults)  # shared by every system
     systems: list[SystemSpec] = field(default_factory=list)
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(project="maps-train-eval"))
     # Answer normalisation for Cover-EM/EM/F1: FlashRAG's `normalize_answer` (the paper's protocol), or "unicode"
@@ -115,6 +125,21 @@ def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> SuiteConfig:
             check_plain_name(name, f"{path}: {kind}[{index}].name")
             if names.index(name) != index:
                 raise ConfigError(f"{path}: {kind}[{index}].name: '{name}' appears twice")
+    return with_defaults(suite, path)
+
+
+def with_defaults(suite: SuiteConfig, path: str | Path) -> SuiteConfig:
+    """Each system with the suite's `defaults:` under its own fields: the default recipe where it names none, the
+    default overrides before its own (so its own win), the default model size where it gives none."""
+    defaults = suite.defaults
+    for index, system in enumerate(suite.systems):
+        system.recipe = system.recipe or defaults.recipe or ""
+        if not system.recipe:
+            raise ConfigError(f"{path}: systems[{index}].recipe: missing (and the suite's defaults name none)")
+        system.overrides = [*defaults.overrides, *system.overrides]
+        if system.params_billion is None:
+            system.params_billion = defaults.params_billion
+    suite.defaults = SystemDefaults()  # applied: a suite dumped or reloaded from here does not apply it twice
     return suite
 
 
