@@ -176,3 +176,15 @@ def test_writing_past_stops_keeps_to_max_tokens_then_the_reasoning_cap_answers()
     assert backend.requests[2].raw_continuation == "<think>\nI should write <search> your query</search> more</search>"
     assert completion.stops_in_reasoning == 3 and completion.reasoning_capped and completion.text == "Dijon"
     assert completion.completion_tokens == 32
+
+
+def test_a_chat_message_continued_by_the_template_is_not_written_past():
+    """Only a raw continuation can resume inside a think block; a `continue_final_message` request (the chat template
+    continues the last message) keeps its stop."""
+    backend = StopsInsideReasoning()
+    routes = {"default": RoleRoute(backend="hf", enable_thinking=True, max_tokens=30)}
+    router = Router(routes, backends={"hf": backend}, reasoning_cap=ReasoningCap(policy="none"))
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "So far"}]
+    request = ChatRequest(role="reasoner", messages=messages, stop=["</search>"], continue_final_message=True)
+    [completion] = router.generate([request])
+    assert len(backend.requests) == 1 and completion.stops_in_reasoning == 0

@@ -108,6 +108,8 @@ def stopped_inside_reasoning(request: ChatRequest, completion: Completion) -> st
     backend that does not say which stop string fired is taken at its word when the request had only one."""
     if completion.finish_reason != "stop" or not request.stop or completion.generated is None:
         return None
+    if request.continue_final_message:  # continued as a chat message, not raw: it cannot be resumed mid-block
+        return None
     stop = completion.stop_string
     if stop is None and len(request.stop) == 1:
         stop = request.stop[0]
