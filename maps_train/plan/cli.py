@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import typer
+
+from maps_train.errors import MapsTrainError
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +24,7 @@ def register(app: typer.Typer) -> None:
         from maps_train.plan.preflight import machine_warnings
         from maps_train.plan.stages import format_plan, make_plan
 
+        check_machine_options(gpus, gpu_memory_gb, memory_gb)
         plan = make_plan(path, overrides or [], gpus, gpu_memory_gb, memory_gb)
         for line in machine_warnings(plan.hardware):
             typer.echo(f"maps-train: warning: {line}", err=True)
@@ -29,3 +33,13 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"maps-train: plan refused: {problem}", err=True)
         if plan.problems:
             sys.exit(2)
+
+
+def check_machine_options(gpus: int | None, gpu_memory_gb: float | None, memory_gb: float | None) -> None:
+    """The machine given on the command line, checked as numbers (as `hardware:` is when a recipe loads): a count
+    of GPUs is an integer >= 0, a memory size a finite number > 0; anything else is one line naming the flag."""
+    if gpus is not None and gpus < 0:
+        raise MapsTrainError(f"--gpus: must be an integer >= 0, got {gpus}")
+    for flag, value in (("--gpu-memory-gb", gpu_memory_gb), ("--memory-gb", memory_gb)):
+        if value is not None and not 0 < value < math.inf:
+            raise MapsTrainError(f"{flag}: must be a finite number of gigabytes > 0, got {value}")

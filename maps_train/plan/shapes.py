@@ -105,9 +105,31 @@ OPTIONAL_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", 
                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def _check_numbers(config: Any, source: str) -> None:
+    """Sizes are counts: each present one an integer (not a boolean), the shape's own at least 1, the optional
+    ones at least 0; `attn_output_gate` a boolean. A bad one is one line naming the key, never a negative size."""
+    if not isinstance(config, dict):
+        raise MapsTrainError(f"{source}: config.json is not a JSON object")
+    for key in (*SHAPE_KEYS, "num_key_value_heads", "head_dim", *OPTIONAL_KEYS):
+        value, least = config.get(key), 1 if key in SHAPE_KEYS or key in ("num_key_value_heads", "head_dim") else 0
+        if value is None or (key in SHAPE_KEYS and not isinstance(value, int)):
+            continue  # absent: the caller names what is missing
+        if key == "attn_output_gate":
+            if not isinstance(value, bool):
+                raise MapsTrainError(f"{source}: config.json {key}: expected true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MapsTrainError(f"{source}: config.json {key}: expected an integer >= {least}, got {value!r}")
+    if "layer_types" in config and not isinstance(config["layer_types"], list):
+        raise MapsTrainError(f"{source}: config.json layer_types: expected a list")
+
+
 def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelShape:
     """A ModelShape from config.json's values (a multimodal config's language model is under `text_config`)."""
-    config = config.get("text_config") or config
+    config = config.get("text_config") or config if isinstance(config, dict) else config
+    _check_numbers(config, source)
     # A mixture of experts written by transformers' own class (Qwen3.5/3.6-MoE: Qwen3_5MoeTextConfig) has no dense
     # intermediate_size: every layer's MLP is its experts, sized by moe_intermediate_size.
     dense_width = "moe_intermediate_size" if config.get("num_experts") else "intermediate_size"
@@ -118,6 +140,8 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
         missing.append(dense_width)
     if missing:
         raise MapsTrainError(f"{source}: config.json has no integer {missing[0]} (needed to size model '{name}')")
+    if isinstance(width, bool) or width < 1:
+        raise MapsTrainError(f"{source}: config.json {dense_width}: expected an integer >= 1, got {width!r}")
     heads = config["num_attention_heads"]
     extra = {key: config[key] for key in OPTIONAL_KEYS if config.get(key) is not None}
     if "layer_types" in config and "full_attention_interval" not in extra:
@@ -169,7 +193,12 @@ def model_shape(name: str) -> ModelShape:
     """The sizes of model `name`; a one-line error naming what would work when none are at hand."""
     path = _config_file(name)
     if path is not None and path.is_file():
-        return shape_from_config(json.loads(path.read_text(encoding="utf-8")), name, str(path))
+        try:
+            config = json.loads(path.read_bytes()[:MAX_CONFIG_BYTES + 1])
+        except (OSError, ValueError) as err:
+            raise MapsTrainError(f"{path}: config.json does not read as JSON ({' '.join(str(err).split())[:200]})"
+                                 ) from None
+        return shape_from_config(config, name, str(path))
     doc = shipped().get(name.lower())
     if doc is None:
         raise MapsTrainError(

@@ -196,10 +196,30 @@ def check_rl_config(recipe: Recipe) -> None:
     check_environment_per_rank(recipe, launched_world_size())
     if not rl.temperature > 0:
         raise ConfigError(f"rl.temperature: GRPO samples its rollouts, so it must be > 0, got {rl.temperature}")
+    check_grpo_numbers(rl.grpo)
     batch = rl.grpo.get("per_device_train_batch_size", 1) * rl.grpo.get("gradient_accumulation_steps", 1)
     if batch % rl.num_generations:
         raise ConfigError(f"rl.grpo.per_device_train_batch_size x gradient_accumulation_steps ({batch}) must be a "
                           f"multiple of rl.num_generations ({rl.num_generations}): each process rolls out whole groups")
+
+
+def check_grpo_numbers(grpo: Mapping[str, Any]) -> None:
+    """rl.grpo's numbers as numbers, before TRL sees them: a NaN learning rate or a zero batch ended in tracebacks
+    deep in the Trainer, a negative beta trained away from the reference."""
+    import math
+
+    for key, least, open_low in (("learning_rate", 0.0, True), ("beta", 0.0, False)):
+        value = grpo.get(key)
+        if value is None:
+            continue
+        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not finite or value < least or (open_low and value == least):
+            raise ConfigError(f"rl.grpo.{key}: must be a finite number {'>' if open_low else '>='} {least:g}, "
+                              f"got {value!r}")
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        value = grpo.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"rl.grpo.{key}: must be an integer >= 1, got {value!r}")
 
 
 def check_environment_per_rank(recipe: Recipe, world_size: int) -> None:
