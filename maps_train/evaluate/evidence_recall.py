@@ -26,8 +26,10 @@ from typing import Any
 from maps_train.questions import Question
 from maps_train.records.evidence import (
     PassageText,
+    absent_gold_ids,
     evidence_recall,
     gold_evidence,
+    malformed_gold,
     needs_passage_text,
     retrieved_ids,
     seen_ids,
@@ -99,16 +101,54 @@ def run_evidence(
     """Evidence columns per question id of one finished run (its traces in `run_dir`). `lookups`: the suite's shared
     corpus readers; without them the corpus is scanned for this run alone (`passages_by_id`)."""
     traces = read_run_traces(run_dir)
+    local = corpus is not None and Path(corpus).is_file()
+    golds = {q.id: gold_evidence(q.metadata) for q in questions}
+    corpus_ids: set[str] | None = None  # the gold ids the corpus holds; None: no corpus here to ask
+    if local:
+        gold_ids = {g.corpus_id for gold in golds.values() for g in gold if g.corpus_id is not None}
+        corpus_ids = set(_lookup(Path(corpus), gold_ids, lookups)) if gold_ids else set()
     wanted = set()
     for question in questions:
-        trace = traces.get(question.id)
-        if trace is not None and needs_passage_text(gold_evidence(question.metadata)):
+        trace, gold = traces.get(question.id), golds[question.id]
+        absent = corpus_ids is not None and absent_gold_ids(gold, corpus_ids) > 0
+        if trace is not None and (needs_passage_text(gold) or absent):  # an absent id may still match by text
             wanted.update(retrieved_ids(trace))
             wanted.update(seen_ids(trace))
-    passages: dict[str, Passage] = {}
-    if wanted and corpus is not None and Path(corpus).is_file():
-        passages = lookups.passages(Path(corpus), wanted) if lookups else passages_by_id(corpus, wanted)
-    return {q.id: evidence_fields(q, traces.get(q.id), passages) for q in questions}
+    passages: dict[str, Passage] = _lookup(Path(corpus), wanted, lookups) if wanted and local else {}
+    fields = {}
+    for q in questions:
+        row = evidence_fields(q, traces.get(q.id), passages)
+        gaps = gold_gaps(q, golds[q.id], corpus_ids)
+        fields[q.id] = {**row, **{key: count for key, count in gaps.items() if count}}
+    return fields
+
+
+GAP_KEYS = ("gold_absent", "gold_malformed")  # per result row, when not 0
+
+
+def gold_gaps(question: Question, gold: list, corpus_ids: set[str] | None) -> dict[str, int]:
+    """Gold passages of `question` that cannot be matched as given: ids the corpus does not hold (`gold_absent`,
+    only when the corpus is on this machine) and entries of its metadata that name gold but are malformed
+    (`gold_malformed`: dropped, so a question whose every gold entry is malformed has no recall at all)."""
+    return {"gold_absent": absent_gold_ids(gold, corpus_ids) if corpus_ids is not None else 0,
+            "gold_malformed": malformed_gold(question.metadata)}
+
+
+def gap_warning(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """One line of the gold passages that could not be matched among `rows` (result rows or evidence fields of
+    one data set), or None when there are none."""
+    rows = list(rows)
+    absent, malformed = (sum(int(row.get(key) or 0) for row in rows) for key in GAP_KEYS)
+    if not absent and not malformed:
+        return None
+    questions = sum(1 for row in rows if any(row.get(key) for key in GAP_KEYS))
+    return (f"{absent + malformed} gold passages of {questions} questions cannot be matched ({absent} ids absent "
+            f"from the corpus, {malformed} malformed gold entries); evidence recall counts absent ones as misses "
+            "and leaves malformed ones out")
+
+
+def _lookup(corpus: Path, wanted: Iterable[str], lookups: CorpusLookups | None) -> dict[str, Passage]:
+    return lookups.passages(corpus, wanted) if lookups else passages_by_id(corpus, wanted)
 
 
 # -- the report's cells ----------------------------------------------------------------------------------------------
@@ -147,4 +187,7 @@ def evidence_cells(rows: list[dict[str, Any]], systems: list[str], datasets: lis
     return cells
 
 
-__all__ = ["RECALL_KEYS", "CorpusLookups", "evidence_cells", "evidence_fields", "read_run_traces", "run_evidence"]
+__all__ = [
+    "GAP_KEYS", "RECALL_KEYS", "CorpusLookups", "evidence_cells", "evidence_fields", "gap_warning", "gold_gaps",
+    "read_run_traces", "run_evidence",
+]

@@ -31,7 +31,7 @@ from maps_train.config import check_plain_name, dump_yaml, load_config, redact_s
 from maps_train.errors import ConfigError, MapsTrainError, io_errors
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample
-from maps_train.evaluate.evidence_recall import RECALL_KEYS, CorpusLookups, run_evidence
+from maps_train.evaluate.evidence_recall import RECALL_KEYS, CorpusLookups, gap_warning, run_evidence
 from maps_train.evaluate.report import RESULTS, SUITE_MANIFEST, ReportFiles, build_report
 from maps_train.evaluate.results import read_results, results_file, score_record
 from maps_train.evaluate.summary import AVG
@@ -437,6 +437,9 @@ def _run_matrix(suite, system_specs, dataset_specs, recipes, questions, out_dir,
         lookup = ParameterLookup(recipes[system.name], system.params_billion)
         run_dir = out_dir / "runs" / system.name / spec.name
         evidence = run_evidence(run_dir, pending, recipes[system.name].retrieval.corpus, corpus_lookups)
+        gaps = gap_warning(evidence.get(q.id, {}) for q in pending)
+        if gaps:  # gold that no search can find: said per data set, not folded silently into the recall
+            print(f"maps-train eval: warning: {system.name}/{spec.name}: {gaps}", file=sys.stderr)
         rows = [
             score_record(q, answers[q.id], system.name, _answer_mode(spec.name, q), lookup, suite.normalizer,
                          evidence.get(q.id))

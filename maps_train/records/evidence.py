@@ -134,6 +134,44 @@ def gold_evidence(metadata: Mapping[str, Any] | None) -> list[GoldPassage]:
     return []
 
 
+def malformed_gold(metadata: Mapping[str, Any] | None) -> int:
+    """How many gold passages the question's metadata names but `gold_evidence` cannot use, in the first layout
+    it holds: a `supporting_paragraphs` entry that is no object or has neither text nor corpus id, a paragraph
+    flagged `is_supporting` without text, a supporting title with no context paragraph, or a gold key whose value
+    is no list at all (counted once). Scored as misses (or not at all): `suite` reports them per data set."""
+    if not isinstance(metadata, Mapping):
+        return 0
+    supporting = metadata.get("supporting_paragraphs")
+    if supporting is not None:
+        if not isinstance(supporting, list):
+            return 1
+        return sum(1 for para in supporting if not isinstance(para, dict) or _gold(
+            para.get("title"), para.get("text") or para.get("paragraph_text"), para.get("corpus_id")) is None)
+    paragraphs = metadata.get("paragraphs")
+    if paragraphs is not None:
+        if not isinstance(paragraphs, list):
+            return 1
+        flagged = [para for para in paragraphs if isinstance(para, dict) and para.get("is_supporting") is True]
+        if flagged:
+            return sum(1 for para in flagged if not " ".join(str(para.get("paragraph_text") or para.get("text")
+                                                                or "").split()))
+    facts = metadata.get("supporting_facts")
+    if facts is None:
+        return 0
+    titles = list(dict.fromkeys(_supporting_titles(facts)))
+    if not titles:
+        return 1 if facts else 0
+    texts = {title: " ".join(str(s).strip() for s in sentences).strip()
+             for title, sentences in _context_paragraphs(metadata.get("context"))}
+    return sum(1 for title in titles if not texts.get(title))
+
+
+def absent_gold_ids(gold: list[GoldPassage], corpus_ids: set[str]) -> int:
+    """How many of `gold` name a corpus id that is not among `corpus_ids` (the ids found in the corpus): no hit can
+    match them by id; one with text may still match by title and text, one without is a certain miss."""
+    return sum(1 for g in gold if g.corpus_id is not None and g.corpus_id not in corpus_ids)
+
+
 def retrieved_ids(trace: TraceRecord) -> list[str]:
     """Every hit of every search of the trace, deduplicated in the order found."""
     return list(dict.fromkeys(pid for round_ in trace.rounds for hits in round_.retrieved for pid in hits.passage_ids))
@@ -181,6 +219,6 @@ def needs_passage_text(gold: list[GoldPassage]) -> bool:
 
 
 __all__ = [
-    "GoldPassage", "PassageText", "evidence_recall", "found", "gold_evidence", "needs_passage_text",
-    "retrieved_ids", "seen_ids",
+    "GoldPassage", "PassageText", "absent_gold_ids", "evidence_recall", "found", "gold_evidence", "malformed_gold",
+    "needs_passage_text", "retrieved_ids", "seen_ids",
 ]
