@@ -187,11 +187,16 @@ def active_tracker() -> Tracker:
 def artifact_name(kind: str, label: str | Path) -> str:
     """`kind`-`label` in the characters W&B allows; a path label is taken relative to the working directory, so
     the stage that writes a folder and the stages that read it name it alike (`runs/t/traces` ->
-    `traces-runs-t-traces`). Too long: the end is kept, with a hash of the whole."""
+    `traces-runs-t-traces-<hash>`). A label whose characters had to be replaced carries 8 hex digits of its own
+    hash, so two labels never share a name (`runs/a/b`, `runs/a-b`); a plain name is kept as it is. Too long: the
+    end is kept, with a hash of the whole."""
     text = os.path.normpath(label)
     if isinstance(label, Path) and label.is_absolute() and label.is_relative_to(Path.cwd()):
         text = str(label.relative_to(Path.cwd()))
-    name = f"{kind}-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")
+    name = f"{kind}-{clean}"
+    if clean != text:  # characters replaced: `runs/a/b` and `runs/a-b` (or `a b`, `a-b`) would meet in one name
+        name += "-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     if len(name) <= ARTIFACT_NAME_LIMIT:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
