@@ -249,11 +249,15 @@ def test_the_rl_rank_of_the_4b_recipe_by_hand():
     rows = [row for row in plan.rows if row.stage == "rl consolidator"]
     assert [row.process for row in rows] == ["GRPO rank Qwen/Qwen3-4B LoRA r64",
                                              "TRL's colocated vLLM Qwen/Qwen3-4B (LoRA merged)",
+                                             "retrieval service for the machine's ranks (FAISS index)",
                                              "all of the above, summed"]
     assert rows[0].per_device == pytest.approx(rank)
     assert rows[1].budget == pytest.approx(0.30 * 80e9)
-    assert rows[2].per_device == pytest.approx(rank + 0.30 * 80e9) and rows[2].per_device < 80e9
-    assert 75e9 < rows[2].per_device < 80e9 and all(row.problem is None for row in rows)
+    # the ranks' one retrieval service: wiki-18's fp32 flat index in host memory, its E5 encoder on GPU 0
+    assert rows[2].where == "host" and rows[2].per_device == 21_015_324 * 768 * 4
+    encoder = model_shape("intfloat/e5-base-v2").parameters() * 2 + 0.5e9
+    assert rows[3].per_device == pytest.approx(rank + 0.30 * 80e9 + encoder) and rows[3].per_device < 80e9
+    assert 75e9 < rows[3].per_device < 80e9 and all(row.problem is None for row in rows)
 
 
 def test_an_rl_rank_that_does_not_fit_is_refused_with_the_change_that_fits():
@@ -287,7 +291,8 @@ def test_an_in_process_environment_engine_is_counted_on_gpu_0():
     (environment,) = [row for row in rows if row.stage == "rl consolidator (environment)"]
     assert environment.process == "vLLM Qwen/Qwen3-4B (tp 1, 3 LoRA)" and environment.budget == pytest.approx(40e9)
     (summed,) = [row for row in rows if row.process == "all of the above, summed"]
-    assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + 40e9)
+    encoder = model_shape("intfloat/e5-base-v2").parameters() * 2 + 0.5e9  # the ranks' retrieval service's
+    assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + 40e9 + encoder)
     assert summed.problem and "the environment's engine 40.0 GB" in summed.problem
 
 

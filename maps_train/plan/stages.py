@@ -414,6 +414,13 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
             f"{_gb(need.lm_head)} ({batch} x {rl.max_completion_tokens} completion tokens scored)")
     colocated = rl.rollout == "vllm" and grpo.get("vllm_mode", "colocate") == "colocate"
     environment = _environment_engines(recipe)
+    # The machine's ranks search one `maps-train retrieve serve` (rl/shared_retrieval.py): one index in host
+    # memory for them all, its encoder on GPU 0; a named service (retrieval.service_url) or BM25: nothing here.
+    load = index_load(recipe.retrieval, hardware)
+    index_rows_ = [] if load is None else [_host_row(
+        stage, "retrieval service for the machine's ranks (FAISS index)", load.host, hardware,
+        load.search_note + (f"; its encoder on GPU 0: {_gb(load.encoder)}" if on_gpu else ""))]
+    encoder_on_0 = load.encoder if load is not None and on_gpu else 0.0
     if not on_gpu:
         policy_engine = EngineSpec(recipe.train.student, 0, replace(recipe.backend, max_model_len=context,
                                                                     tensor_parallel_size=1), batch)
@@ -423,6 +430,9 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
         for label, engine in labelled:
             rows.append(_cpu_engine_row(label, engine, model_shape(engine.model), hardware))
             host += rows[-1].per_device
+        if load is not None:
+            rows += index_rows_
+            host += load.host + load.encoder
         if len(rows) > 1:
             rows.append(_host_row(stage, "all of the above, summed", host, hardware))
         return rows
@@ -445,6 +455,7 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
                         engine.needed, engine_budget, f"weights {_gb(engine.weights)}, KV {_gb(engine.kv_per_sequence)} "
                         f"per {context}-token sequence: {engine.full_sequences} full-length sequences at once",
                         problem))
+    rows += index_rows_
     environment_on: dict[int, float] = {}  # what the environment's engines take of each GPU
     for spec in environment:
         engine_rows_, taken = engine_rows(f"{stage} (environment)", spec, hardware)
@@ -455,11 +466,13 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
         # the rank and TRL's engine sit on GPU 0 (on each training GPU); the environment where its engines are
         rank, colocated_on = (need.total, engine_budget) if gpu == 0 else (0.0, 0.0)
         others = environment_on.get(gpu, 0.0)
-        used = rank + colocated_on + others
+        encoder = encoder_on_0 if gpu == 0 else 0.0
+        used = rank + colocated_on + others + encoder
         where = "each training GPU" if gpu == 0 and not environment else f"GPU {gpu}"
         problem = None
         if used > capacity:
-            problem = _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, colocated_on, others)
+            problem = _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, colocated_on, others,
+                                  encoder)
         rows.append(Row(stage, "all of the above, summed", where, used, capacity, "", problem))
     return rows
 
@@ -488,19 +501,21 @@ def _environment_engines(recipe: Recipe) -> list[EngineSpec]:
     return [EngineSpec(base, len(adapter_names(recipe)), backend, recipe.agent.concurrency or recipe.agent.batch_size)]
 
 
-def _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, engine_budget, others) -> str:
+def _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, engine_budget, others,
+                encoder=0.0) -> str:
     """By how much a GPU is over (the GRPO rank `rank`, TRL's engine and the environment's engines `others`
     summed), and the first change that fits: checkpointing, then fewer rows a device (the same rows a step through
     gradient accumulation), then smaller engines. A GPU without the rank holds environment engines only."""
-    used = rank + engine_budget + others
+    used = rank + engine_budget + others + encoder
     parts = ([f"the GRPO step at {batch} x {settings['max_length']} tokens {_gb(rank)}"] if rank else []) + \
             ([f"TRL's colocated engine {_gb(engine_budget)}"] if engine_budget else []) + \
-            ([f"the environment's engine {_gb(others)}"] if others else [])
+            ([f"the environment's engine {_gb(others)}"] if others else []) + \
+            ([f"the retrieval service's encoder {_gb(encoder)}"] if encoder else [])
     head = f"{stage}: {where} holds {_gb(used)} ({', '.join(parts)}), {_gb(used - capacity)} over {_gb(capacity)}"
     if not rank:
         return f"{head}; lower backend.gpu_memory_utilization or serve the environment (rl.environment: server)"
     accumulation = int(recipe.rl.grpo.get("gradient_accumulation_steps", 1))
-    room = capacity - engine_budget - others
+    room = capacity - engine_budget - others - encoder
     changes = _change_that_fits(lambda rows, kept: _grpo_memory(recipe, shape, rows, kept).total, room, batch,
                                 accumulation, settings, "rl.grpo")
     if changes is not None:

@@ -66,6 +66,30 @@ def build_retriever(cfg: RetrievalConfig) -> Retriever:
         from maps_train.retrieval.client import RetrievalClient
 
         return RetrievalClient(cfg.service_url, timeout_s=cfg.service_timeout_s)
+    index_dir, encoder = ensure_index(cfg)
+    if cfg.kind == "bm25":
+        from maps_train.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever(index_dir, corpus=cfg.corpus)
+    from maps_train.retrieval.dense import DenseRetriever
+
+    return DenseRetriever(
+        index_dir,
+        corpus=cfg.corpus,
+        encoder=encoder or cfg.encoder,
+        fp16=cfg.fp16,
+        batch_size=cfg.encode_batch_size,
+        nprobe=cfg.nprobe,
+        ef_search=cfg.hnsw_ef_search,
+        flat_precision=cfg.flat_precision,
+        threads=cfg.search_threads,
+    )
+
+
+def ensure_index(cfg: RetrievalConfig):
+    """The index directory of `cfg` (`retrieval.index_dir`, else `default_index_dir`), built first when missing
+    and `auto_build` allows it (under a file lock: concurrent processes build it once); and the encoder the build
+    loaded, if it did (None otherwise)."""
     index_dir = Path(cfg.index_dir).expanduser() if cfg.index_dir else default_index_dir(cfg)
     encoder = None
     if not has_manifest(index_dir):
@@ -90,23 +114,7 @@ def build_retriever(cfg: RetrievalConfig) -> Retriever:
                         passage_prefix=cfg.passage_prefix,
                     )
                 build_index(cfg, index_dir, **({"encoder": encoder} if encoder is not None else {}))
-    if cfg.kind == "bm25":
-        from maps_train.retrieval.bm25 import BM25Retriever
-
-        return BM25Retriever(index_dir, corpus=cfg.corpus)
-    from maps_train.retrieval.dense import DenseRetriever
-
-    return DenseRetriever(
-        index_dir,
-        corpus=cfg.corpus,
-        encoder=encoder or cfg.encoder,
-        fp16=cfg.fp16,
-        batch_size=cfg.encode_batch_size,
-        nprobe=cfg.nprobe,
-        ef_search=cfg.hnsw_ef_search,
-        flat_precision=cfg.flat_precision,
-        threads=cfg.search_threads,
-    )
+    return index_dir, encoder
 
 
 def retriever_key(cfg: RetrievalConfig) -> str:

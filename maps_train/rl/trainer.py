@@ -711,10 +711,10 @@ def _run_roles(recipe: Recipe, rank0: bool, say, retriever: Any, environment_bac
     from maps_train.paths import write_text_atomic
 
     questions = load_rl_questions(recipe)
-    if retriever is None:
-        from maps_train.retrieval.factory import build_retriever
+    if retriever is None:  # several ranks on a machine search one service (rl/shared_retrieval.py)
+        from maps_train.rl.shared_retrieval import rank_retriever
 
-        retriever = build_retriever(recipe.retrieval)
+        retriever, _service = rank_retriever(recipe)  # the service ends with this process
     summaries: dict[str, Any] = {}
     current = environment_recipe(recipe)
     for role in recipe.rl.roles:
