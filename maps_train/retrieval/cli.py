@@ -95,6 +95,8 @@ def register(app: typer.Typer) -> None:
         max_query_chars: int = typer.Option(2048, min=1, help="Longest query in characters (longer: HTTP 413)"),
         max_hits: int = typer.Option(32768, min=1, help="Most queries x k in one request: bounds the response"),
         max_body_bytes: int = typer.Option(2 * 1024 * 1024, min=1, help="Largest request body, checked before parsing"),
+        read_timeout_s: int = typer.Option(10, min=1, help="Seconds to read a request's body (slower: dropped, 408)"),
+        max_connections: int = typer.Option(512, min=1, help="Connections and requests at once (more: HTTP 503)"),
     ) -> None:
         """Serve POST /search {queries, k} and GET /health, batching concurrent requests.
 
@@ -111,6 +113,8 @@ def register(app: typer.Typer) -> None:
             max_query_chars=max_query_chars,
             max_hits=max_hits,
             max_body_bytes=max_body_bytes,
+            read_timeout_s=read_timeout_s,
+            max_connections=max_connections,
         )
         run_service(
             index, host=host, port=port, corpus=corpus, max_batch=max_batch, max_wait_ms=max_wait_ms, limits=limits

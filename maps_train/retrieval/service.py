@@ -14,6 +14,10 @@ No request can take the service down (`ServiceLimits`, each a `retrieve serve` o
   a lone surrogate such as `"\\ud800"` is invalid JSON there), within `--max-queries`, `--max-query-chars`,
   `--max-k` and `--max-hits` (queries x k, which bounds the response). Over a limit: HTTP 413; malformed: 422; the
   one-line `detail` names the field, the limit and the option that sets it.
+- a body not read whole within `--read-timeout-s` is dropped (HTTP 408, connection closed), and a client that goes
+  away mid-body is dropped; each drop is one log line (never a traceback) and counted in /health's `stats.dropped`.
+  At most `--max-connections` connections and requests are served at once (uvicorn's `limit_concurrency`; more are
+  answered 503 at once).
 - only valid requests join a batch, and a merged search never holds more than `max_hits` hits; should a batch's
   search still raise, each of its requests is re-run alone, so only the guilty one gets the error (HTTP 500).
 """
@@ -29,6 +33,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from starlette.requests import ClientDisconnect
 
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.base import Hit, Retriever
@@ -46,6 +51,8 @@ class ServiceLimits:
     max_query_chars: int = 2048  # characters in one query (encoders keep 512 tokens at most anyway)
     max_hits: int = 32768  # queries x k in one request: the response (~25 MB of 100-word passages at most)
     max_body_bytes: int = 2 * 1024 * 1024  # the request body, read before any JSON is parsed
+    read_timeout_s: int = 10  # a body not read whole within this is dropped (408): a slow or stalled sender
+    max_connections: int = 512  # connections and requests at once (uvicorn's limit_concurrency; more get 503)
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -161,6 +168,7 @@ class BatchStats:
     search_calls: int = 0
     largest_batch: int = 0  # queries in the largest single search call
     refused: int = 0  # requests answered 413/422: never queued, never searched
+    dropped: int = 0  # requests whose body did not arrive (read timeout, client gone): one log line each
     isolated_batches: int = 0  # batches whose search raised and whose requests were re-run one at a time
 
 
@@ -311,8 +319,24 @@ def create_app(
 
     @app.post("/search", openapi_extra=schema)
     async def search(request: Request) -> JSONResponse:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
         try:
-            queries, k = parse_request(await read_body(request, limits.max_body_bytes), model, limits)
+            body = await asyncio.wait_for(read_body(request, limits.max_body_bytes), limits.read_timeout_s)
+        except TimeoutError:
+            searcher.stats.dropped += 1
+            logger.warning("dropped /search from %s: body not read within %d s (%s)", client, limits.read_timeout_s,
+                           _OPTION["read_timeout_s"])
+            detail = f"body: not read within {limits.read_timeout_s} s ({_OPTION['read_timeout_s']})"
+            return JSONResponse({"detail": detail}, status_code=408, headers={"Connection": "close"})
+        except ClientDisconnect:
+            searcher.stats.dropped += 1
+            logger.warning("dropped /search from %s: the client went away before its body was read", client)
+            return JSONResponse({"detail": "client went away"}, status_code=400)
+        except RequestRefused as refusal:
+            searcher.stats.refused += 1
+            return JSONResponse({"detail": refusal.detail}, status_code=refusal.status)
+        try:
+            queries, k = parse_request(body, model, limits)
         except RequestRefused as refusal:
             searcher.stats.refused += 1
             return JSONResponse({"detail": refusal.detail}, status_code=refusal.status)
@@ -351,4 +375,5 @@ def serve(
     }
     app = create_app(retriever, max_batch=max_batch, max_wait_ms=max_wait_ms, info=info, limits=limits)
     logger.info("serving %s on http://%s:%d", index_dir, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    limits = limits or ServiceLimits()
+    uvicorn.run(app, host=host, port=port, log_level="info", limit_concurrency=limits.max_connections)
