@@ -230,3 +230,45 @@ def test_parallel_runs_of_two_engines_on_one_model_wait_for_each_other(tmp_path)
     outcome = run_suite(suite, runner=held_until_the_others_wait, engines=pool, progress=False)
     assert outcome.scored == 12 and outcome.unanswered == 0
     assert [event for event, _ in engines.log] == ["start", "close", "start"]  # one engine open at a time
+
+
+class PlacedEngines(RecordingEngines):
+    """`RecordingEngines` that also record the CUDA_VISIBLE_DEVICES each engine was started under."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.visible: dict[str, str | None] = {}
+
+    def __call__(self, kind, model, routes, config):
+        import os
+
+        self.visible[model] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return super().__call__(kind, model, routes, config)
+
+
+def test_engines_are_packed_onto_free_gpus_and_run_side_by_side(monkeypatch):
+    """Issue 47: on an 8-GPU node the teacher (tensor parallel 4 at 0.85) takes GPUs 0-3 and, while it runs, a
+    student (tp 1 at 0.85) starts on GPU 4 and another on GPU 5, each under CUDA_VISIBLE_DEVICES naming its GPUs,
+    instead of waiting for GPU 0 (what `distill.yaml` did: GPUs 4-7 idle). Already restricted GPUs are mapped
+    through. An engine with no room beside the running ones still waits for them (tested above)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    engines = PlacedEngines()
+    pool = EnginePool(factory=engines, on_gpu=True, gpus=8)
+    with pool.lease(recipe("teacher-32b", tp=4)) as teacher:
+        teacher.generate([ChatRequest(role="answer", messages=[{"role": "user", "content": "q"}])])
+        use(pool, recipe("student-4b"))
+        with pool.lease(recipe("student-1.7b")) as student:
+            student.generate([ChatRequest(role="answer", messages=[{"role": "user", "content": "q"}])])
+    assert engines.visible == {"teacher-32b": "0,1,2,3", "student-4b": "4", "student-1.7b": "5"}
+    assert ("close", "teacher-32b") not in engines.log and pool.waiting == 0
+    assert "CUDA_VISIBLE_DEVICES" not in __import__("os").environ  # restored after each start
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,4,5,6,7,8,9")
+    mapped = PlacedEngines()
+    pool = EnginePool(factory=mapped, on_gpu=True, gpus=8)
+    use(pool, recipe("teacher-32b", tp=4))
+    assert mapped.visible == {"teacher-32b": "2,3,4,5"}
+    # an engine needing all 8 GPUs does not fit beside the idle teacher: the teacher is closed first
+    use(pool, recipe("wide", tp=8, util=0.5))
+    assert mapped.log[-2:] == [("close", "teacher-32b"), ("start", "wide")]
+    assert mapped.visible["wide"] == "2,3,4,5,6,7,8,9"

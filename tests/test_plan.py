@@ -174,18 +174,27 @@ def test_the_recipe_hardware_is_the_default_and_the_command_line_wins():
 
 def test_a_suite_is_planned_system_by_system_as_its_engine_pool_runs_it(tmp_path):
     """The suite's engine pool closes a finished system's engines before one that would not fit beside them starts
-    (maps_train/llm/pool.py), so the distill suite's teacher (GPUs 0-3 at 0.85) and students (GPU 0 at 0.85) pass
-    one system at a time; a system whose OWN engines crowd GPU 0 (its answer role on a second model) is refused."""
+    (maps_train/llm/pool.py), so the distill suite's teacher (GPUs 0-3 at 0.85) and students (at 0.85) pass one
+    system at a time. A system with a second model at the teacher's tensor parallelism is placed as the pool places
+    it, on the free GPUs 4-7, and fits; one with a third such model finds no free GPUs and crowds GPUs 0-3."""
     assert make_plan("eval/suites/distill.yaml", []).problems == []
     suite = (REPO / "eval" / "suites" / "distill.yaml").read_text(encoding="utf-8").replace(
         "recipe: recipes/", f"recipe: {REPO}/recipes/")
-    crowded = suite.replace("overrides: [agent.method=vanilla]",
-                            "overrides: [agent.method=vanilla, roles.answer.model=Qwen/Qwen3-8B]", 1)
-    assert crowded != suite
+    packed = suite.replace("overrides: [agent.method=vanilla]",
+                           "overrides: [agent.method=vanilla, roles.answer.model=Qwen/Qwen3-8B]", 1)
+    crowded = suite.replace("overrides: [agent.method=vanilla]", "overrides: [agent.method=vanilla, "
+                            "roles.answer.model=Qwen/Qwen3-8B, roles.writer.model=Qwen/Qwen3-14B]", 1)
+    assert crowded != suite and packed != suite
+    (tmp_path / "packed.yaml").write_text(packed, encoding="utf-8")
+    plan = make_plan(str(tmp_path / "packed.yaml"), [])
+    assert plan.problems == []
+    engines = [row for row in plan.rows if row.stage.startswith("eval teacher_vanilla_rag")
+               and row.process.startswith("vLLM")]
+    assert [row.where for row in engines] == ["GPU 0-3", "GPU 4-7"]
     path = tmp_path / "crowded.yaml"
     path.write_text(crowded, encoding="utf-8")
     problems = make_plan(str(path), []).problems
-    # its second model runs at the teacher's tensor parallelism too: GPUs 0-3 hold both engines at 0.85
+    # the third engine has no GPU with room left: it lands on GPUs 0-3 beside the teacher, both at 0.85
     assert [problem.split(" (")[0] for problem in problems] == [
         "eval teacher_vanilla_rag: GPU 0 holds 136.8 GB", "eval teacher_vanilla_rag: GPU 1-3 hold 136.0 GB each"]
     assert all("over 80 GB" in problem and "index split" not in problem for problem in problems)

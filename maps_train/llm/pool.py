@@ -6,8 +6,11 @@ on one model should start it once. Each run leases its recipe's engines: `with p
 gives a Router whose engines come from the pool, keyed by backend kind, model, adapter set and engine settings;
 `close()` frees them all at the end. Routers built here must not be closed themselves (their engines are the pool's).
 
-Placement, as `maps-train plan` lays it out: a vLLM engine on GPUs with tensor parallel size tp takes GPUs 0..tp-1
-and `gpu_memory_utilization` of each; an engine on CPUs (hf, vLLM-CPU) or an openai client takes no GPU share.
+Placement, as `maps-train plan` lays it out (`place`): a vLLM engine on GPUs with tensor parallel size tp takes
+`gpu_memory_utilization` of tp GPUs: the lowest-numbered GPUs no engine uses when there are tp of them (a teacher
+on GPUs 0-3, then a student on GPU 4 beside it), else the lowest-numbered ones with room; it is started with
+CUDA_VISIBLE_DEVICES naming them (`visible_gpus`). Where the GPU count is unknown (`gpus` not given and torch sees
+none) it takes GPUs 0..tp-1. An engine on CPUs (hf, vLLM-CPU) or an openai client takes no GPU share.
 The rule: no GPU holds more than 1.0 of its memory. Before a lease's new engines are counted in, idle engines (no
 lease holds them: their systems' runs are done) that sit on an over-full GPU are closed, least recently used first
 (a system run again later starts its engine again); if the engines still leased would not leave room, the lease
@@ -19,6 +22,7 @@ even alone is a one-line error (`maps-train plan` shows by how much).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -43,6 +47,48 @@ def gpu_share(kind: str, config: BackendConfig, on_gpu: bool) -> GpuShare:
     return {gpu: config.gpu_memory_utilization for gpu in range(config.tensor_parallel_size)}
 
 
+def place(tp: int, fraction: float, shares: list[GpuShare], gpus: int) -> GpuShare | None:
+    """Where an engine taking `fraction` of `tp` GPUs goes beside engines holding `shares`, on `gpus` GPUs: the
+    lowest-numbered unused GPUs when tp of them are free, else the lowest-numbered GPUs with room; None when fewer
+    than tp GPUs have room. With `gpus` 0 (unknown), GPUs 0..tp-1 whatever they hold (the caller checks the fit)."""
+    if gpus <= 0:
+        return {gpu: fraction for gpu in range(tp)}
+    used: dict[int, float] = {}
+    for share in shares:
+        for gpu, taken in share.items():
+            used[gpu] = used.get(gpu, 0.0) + taken
+    free = [gpu for gpu in range(gpus) if not used.get(gpu)]
+    roomy = [gpu for gpu in range(gpus) if used.get(gpu, 0.0) + fraction <= FULL]
+    chosen = free[:tp] if len(free) >= tp else roomy[:tp]
+    return {gpu: fraction for gpu in chosen} if len(chosen) == tp else None
+
+
+@contextmanager
+def visible_gpus(share: GpuShare) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES naming the GPUs of `share` (through any list already set) while an engine starts: its
+    processes see those GPUs only, as 0..tp-1."""
+    if not share:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [part.strip() for part in before.split(",")] if before else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(physical[gpu] if physical else str(gpu) for gpu in sorted(share))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use (torch's count, after CUDA_VISIBLE_DEVICES); 0 without CUDA."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
 @dataclass
 class _Slot:
     """One engine of the pool: reserved by the first lease that names it, started on first use."""
@@ -54,11 +100,14 @@ class _Slot:
 
 
 class EnginePool:
-    def __init__(self, factory: EngineFactory = make_backend, on_gpu: bool | None = None) -> None:
-        """`factory(kind, model, routes_sharing_it, backend_config)` starts an engine. `on_gpu`: whether vLLM
-        engines run on GPUs; None asks the installed vLLM when the first vLLM engine is leased."""
+    def __init__(self, factory: EngineFactory = make_backend, on_gpu: bool | None = None,
+                 gpus: int | None = None) -> None:
+        """`factory(kind, model, routes_sharing_it, backend_config)` starts an engine (under `visible_gpus` of its
+        placement). `on_gpu`: whether vLLM engines run on GPUs; None asks the installed vLLM when the first vLLM
+        engine is leased. `gpus`: how many there are to place engines on; None asks torch then."""
         self._factory = factory
         self._on_gpu = on_gpu
+        self._gpus = gpus
         self._slots: dict[tuple, _Slot] = {}
         self._changed = threading.Condition()  # held while the slots change; notified when a lease lets go
         self._releases = 0
@@ -69,7 +118,26 @@ class EnginePool:
             from maps_train.platform import vllm_on_cpu
 
             self._on_gpu = not vllm_on_cpu()
+        if self._on_gpu and self._gpus is None:
+            self._gpus = visible_gpu_count()
         return self._on_gpu
+
+    def _placed(self, wanted: dict[str, tuple[tuple, GpuShare, str]],
+                held: list[GpuShare]) -> dict[tuple, GpuShare] | None:
+        """The GPUs each of the lease's new engines takes beside the engines holding `held` (`place`, one after
+        another); None when one has no room."""
+        shares = list(held)
+        placed: dict[tuple, GpuShare] = {}
+        for pool_key, share, _ in wanted.values():
+            if pool_key in self._slots or pool_key in placed or not share:
+                placed.setdefault(pool_key, self._slots[pool_key].share if pool_key in self._slots else share)
+                continue
+            where = place(len(share), next(iter(share.values())), shares, self._gpus or 0)
+            if where is None:
+                return None
+            placed[pool_key] = where
+            shares.append(where)
+        return placed
 
     def _wanted(self, recipe: Recipe) -> dict[str, tuple[tuple, GpuShare, str]]:
         """The recipe's engines as its Router groups them: engine_key -> (pool key, GPU share, label)."""
@@ -102,7 +170,7 @@ class EnginePool:
     def _acquire(self, name: str, wanted: dict[str, tuple[tuple, GpuShare, str]]) -> None:
         with self._changed:
             told = False
-            while not self._make_room(name, wanted):
+            while not (placed := self._make_room(name, wanted)):
                 if not told:  # once: every release wakes the waiters up to look again
                     print(f"engine pool: system '{name}' waits for running systems to release their GPUs",
                           file=sys.stderr)
@@ -112,38 +180,41 @@ class EnginePool:
                     self._changed.wait()
                 finally:
                     self.waiting -= 1
-            for pool_key, share, _ in wanted.values():
-                slot = self._slots.setdefault(pool_key, _Slot(share))
+            for pool_key, _, _ in wanted.values():
+                slot = self._slots.setdefault(pool_key, _Slot(placed[pool_key]))
                 slot.leases += 1
 
-    def _make_room(self, name: str, wanted: dict[str, tuple[tuple, GpuShare, str]]) -> bool:
-        """Close idle engines until the lease's new engines fit; False (nothing closed) when only the end of a
-        running lease can make room."""
+    def _make_room(self, name: str, wanted: dict[str, tuple[tuple, GpuShare, str]]) -> dict[tuple, GpuShare] | None:
+        """Place the lease's new engines (`place`): beside every engine when there is room, else after closing idle
+        engines, least recently used first; None (nothing closed) when only the end of a running lease can make
+        room. Returns each of the lease's engines' GPU share."""
         mine = {pool_key for pool_key, _, _ in wanted.values()}
-        new = [(share, label) for pool_key, share, label in wanted.values() if pool_key not in self._slots]
         kept = [slot.share for key, slot in self._slots.items() if slot.leases or key in mine]
-        if _over_full(kept + [share for share, _ in new]):
+        placed = self._placed(wanted, kept)
+        if placed is None or _over_full(kept + [placed[key] for key in mine if key not in self._slots]):
             if any(slot.leases for slot in self._slots.values()):
-                return False
+                return None
             labels = ", ".join(f"{label} at {_placement(share)}" for _, share, label in wanted.values() if share)
             raise MapsTrainError(
                 f"engine pool: system '{name}': its engines ({labels}) do not fit on the GPUs even alone; lower "
                 f"backend.gpu_memory_utilization (maps-train plan shows the placement)")
         idle = sorted(((slot.last_released, key) for key, slot in self._slots.items()
                        if not slot.leases and key not in mine and slot.share), key=lambda item: item[0])
-        for _, key in idle:
-            over = _over_full([slot.share for slot in self._slots.values()] + [share for share, _ in new])
-            if not over:
-                break
-            if over & set(self._slots[key].share):
+        for _, key in [(None, None), *idle]:
+            if key is not None:
                 self._close(key)
-        return True
+            everyone = [slot.share for slot in self._slots.values()]
+            placed = self._placed(wanted, everyone)
+            if placed is not None and not _over_full(everyone + [placed[k] for k in mine if k not in self._slots]):
+                return placed
+        return self._placed(wanted, kept)
 
     def _engine(self, pool_key: tuple, kind: str, model: str, routes: list[RoleRoute], config: BackendConfig) -> Any:
         with self._changed:  # leased: no other thread closes it; the first use starts it
             slot = self._slots[pool_key]
             if slot.engine is None:
-                slot.engine = self._factory(kind, model, routes, config)
+                with visible_gpus(slot.share if self._gpus else {}):
+                    slot.engine = self._factory(kind, model, routes, config)
             return slot.engine
 
     def _release(self, wanted: dict[str, tuple[tuple, GpuShare, str]]) -> None:

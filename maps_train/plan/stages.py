@@ -179,9 +179,12 @@ def engines_of_recipe(recipe: Recipe) -> list[EngineSpec]:
 
 
 def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig,
-                tp_field: str = "backend.tensor_parallel_size") -> tuple[list[Row], dict[int, float]]:
+                tp_field: str = "backend.tensor_parallel_size",
+                beside: list[dict[int, float]] | None = None) -> tuple[list[Row], dict[int, float]]:
     """The engine's own check (what vLLM needs inside gpu_memory_utilization), and what it takes of each GPU;
-    `tp_field` is the recipe field that sets its tensor parallelism, named in the fix."""
+    `tp_field` is the recipe field that sets its tensor parallelism, named in the fix. `beside`: the fractions of
+    each GPU the engines started before it hold: it is placed as the engine pool places it (`llm.pool.place`:
+    free GPUs first), else on GPUs 0..tp-1."""
     backend, shape = engine.backend, model_shape(engine.model)
     tp = backend.tensor_parallel_size
     if not hardware.gpus:
@@ -206,8 +209,13 @@ def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig,
                    f"{backend.max_model_len}-token sequence), {_gb(mem.needed - budget)} over its "
                    f"{_gb(budget)} (gpu_memory_utilization {backend.gpu_memory_utilization:g} x "
                    f"{hardware.gpu_memory_gb:g} GB); {fix}")
-    taken = {gpu: budget for gpu in range(min(tp, hardware.gpus))}
-    return [Row(stage, process, _gpus(0, tp), mem.needed, budget, note, problem)], taken
+    from maps_train.llm.pool import place
+
+    where = place(tp, backend.gpu_memory_utilization, beside or [], hardware.gpus) if tp <= hardware.gpus else None
+    gpus = sorted(where) if where else list(range(min(tp, hardware.gpus)))
+    taken = {gpu: budget for gpu in gpus}
+    label = _gpus(gpus[0], tp) if gpus == list(range(gpus[0], gpus[0] + tp)) else "GPU " + ",".join(map(str, gpus))
+    return [Row(stage, process, label, mem.needed, budget, note, problem)], taken
 
 
 def _cpu_engine_row(stage: str, engine: EngineSpec, shape: ModelShape, hardware: HardwareConfig) -> Row:
@@ -227,6 +235,7 @@ def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, ind
     rows: list[Row] = []
     per_gpu: dict[int, float] = {}
     seen: set[str] = set()
+    placed: list[dict[int, float]] = []  # each started engine's fraction of its GPUs, for the next one's placement
     host = 0.0
     for recipe in recipes:
         for engine in engines_of_recipe(recipe):
@@ -234,7 +243,8 @@ def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, ind
             if key in seen:
                 continue  # the same engine, shared (maps_train/llm/pool.py)
             seen.add(key)
-            engine_rows_, taken = engine_rows(stage, engine, hardware)
+            engine_rows_, taken = engine_rows(stage, engine, hardware, beside=placed)
+            placed.append({gpu: used / (hardware.gpu_memory_gb * GB) for gpu, used in taken.items()})
             rows += engine_rows_
             host += engine_rows_[0].per_device if not hardware.gpus else 0.0
             for gpu, used in taken.items():
