@@ -175,14 +175,22 @@ def extras() -> dict[str, list[Requirement]]:
 
 def test_gpu_extra_has_no_flash_attn_and_a_faiss_without_a_second_cuda():
     """The decided pins (docs/install-gpu.md has the resolver's result): no flash-attn (no wheel; its build needs
-    torch and nvcc before pip can read its metadata); faiss-cpu, as the CPU set pins it, because PyPI has no FAISS
-    GPU wheel for vLLM's CUDA 13.0; vLLM from 0.33 but not 0.34.0, whose flashinfer-python pin is not on PyPI."""
+    torch and nvcc before pip can read its metadata); in `gpu` faiss-cpu, as the CPU set pins it (no FAISS GPU wheel
+    is built for vLLM's CUDA 13.0), while `gpu-faiss` swaps in faiss-cpu's CUDA 12 GPU build; vLLM inside the range
+    the installed TRL declares for its vllm extra (issue 47: TRL 1.16 says >=0.22,<=0.31 and warns outside it)."""
+    from importlib.metadata import requires
+
     sets = extras()
     gpu = {req.name: req for req in sets["gpu"]}
     assert not any(req.name == "flash-attn" for reqs in sets.values() for req in reqs)
     assert not [name for name in gpu if name.startswith("faiss-gpu")]
     assert gpu["faiss-cpu"].specifier == {req.name: req for req in sets["cpu"]}["faiss-cpu"].specifier
-    vllm = gpu["vllm"].specifier
-    assert "0.33.0" in vllm and "0.34.0" not in vllm and "0.32.0" not in vllm
+    with_faiss = {req.name: req for req in sets["gpu-faiss"]}
+    assert "faiss-cpu" not in with_faiss and "faiss-gpu-cu12" in with_faiss
+    assert {name: req for name, req in with_faiss.items() if not name.startswith("faiss")} == \
+        {name: req for name, req in gpu.items() if not name.startswith("faiss")}
+    trl_vllm = next(Requirement(spec) for spec in requires("trl") if spec.startswith("vllm"))
+    (pinned,) = [spec.version for spec in gpu["vllm"].specifier if spec.operator == "=="]
+    assert pinned in trl_vllm.specifier, f"vllm {pinned} outside TRL's {trl_vllm.specifier}"
     guide = (REPO / "docs" / "install-gpu.md").read_text()
     assert "--no-build-isolation" in guide and "flash-attn==" in guide

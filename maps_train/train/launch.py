@@ -78,7 +78,10 @@ def _config_values(accelerate_config: str | None) -> dict:
         return {}
     from maps_train.config import read_yaml
 
-    return read_yaml(accelerate_config) or {}
+    try:
+        return read_yaml(accelerate_config) or {}
+    except MapsTrainError:  # accelerate's own loader names the file's problem (`config_process_count`)
+        return {}
 
 
 def rendezvous(accelerate_config: str | None, machines: Machines) -> Rendezvous:
@@ -140,9 +143,9 @@ def accelerate_args(
         raise MapsTrainError(f"{accelerate_config}: no such accelerate config (see recipes/accelerate/)")
     if port and not machines.main_process_port:
         machines = Machines(machines.num_machines, machines.machine_rank, machines.main_process_ip, port)
+    ranks = config_rank_count(accelerate_config, num_processes) if accelerate_config else None  # checks the file
     meeting = rendezvous(accelerate_config, machines)
     if accelerate_config:
-        ranks = config_rank_count(accelerate_config, num_processes)
         count = ["--num_processes", str(ranks * meeting.machines)] if ranks else []
         return ["--config_file", accelerate_config, *count, *meeting.flags]
     total = (num_processes or 1) * meeting.machines
