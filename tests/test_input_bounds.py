@@ -245,7 +245,7 @@ def test_a_crash_while_writing_samples_json_leaves_the_old_file(small_suite, mon
         run_suite(small_suite, runner=never_called_runner, progress=False)
     assert samples_path.read_text() == before
     assert str(err.value) == f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: '{samples_path}'"  # names the file
-    assert sorted(p.name for p in samples_path.parent.iterdir()) == ["samples.json", "suite.yaml"]  # no half file
+    assert sorted(p.name for p in samples_path.parent.iterdir()) == [".lock", "samples.json", "suite.yaml"]  # no half file
 
 
 def test_a_torn_samples_json_is_a_one_line_error(small_suite):
