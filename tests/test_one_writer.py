@@ -142,7 +142,8 @@ def test_a_second_train_of_an_adapter_being_trained_is_refused_naming_the_first(
     with sole_trainer(recipe, "writer", distributed_state()):  # the first `train` of the adapter, mid-run
         assert main(["--config", str(recipe_path), "--role", "writer"]) == 2
     assert capsys.readouterr().err == (
-        f"maps-train: error: {tmp_path / 'adapters'}: maps-train train (writer) on {HOST} is already writing here "
+        f"maps-train: error: {tmp_path / 'adapters' / '_trainer'}: maps-train train (writer) on {HOST} is already "
+        "writing here "
         f"(pid {os.getpid()}); wait for it to end or use another output folder\n")
 
 

@@ -96,10 +96,10 @@ def trainer_dir(recipe, adapter: str) -> Path:
 
 
 def sole_trainer(recipe, adapter: str, state):
-    """The main rank's hold on training `adapter` (`<train.output_dir>/.lock-<adapter>`, beside the folders that
-    `--overwrite` removes): a second `train` of the same adapter is refused in one line naming the first, instead
-    of resuming from checkpoints still being written or losing them to the first's rotation. Other ranks run
-    under their main rank's hold."""
+    """The main rank's hold on training `adapter` (`<train.output_dir>/_trainer/.lock-<adapter>`, beside the folder
+    that `--overwrite` removes, never inside it): a second `train` of the same adapter is refused in one line naming
+    the first, instead of resuming from checkpoints still being written or losing them to the first's rotation.
+    Other ranks run under their main rank's hold."""
     from contextlib import nullcontext
 
     from maps_train.runlock import sole_writer
@@ -107,7 +107,8 @@ def sole_trainer(recipe, adapter: str, state):
     if not state.is_main_process:
         return nullcontext()
     name = check_plain_name(adapter, "adapter")
-    return sole_writer(Path(recipe.train.output_dir), f"maps-train train ({name})", name=f".lock-{name}")
+    return sole_writer(Path(recipe.train.output_dir) / TRAINER_SUBDIR, f"maps-train train ({name})",
+                       name=f".lock-{name}")
 
 
 def is_trained(recipe, adapter: str) -> bool:
