@@ -194,7 +194,8 @@ class BatchingSearcher:
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
-        self._held: _Pending | None = None  # taken from the queue but too large to join the last batch
+        self._backlog: list[_Pending] = []  # taken from the queue, waiting for a batch (oldest first)
+        self._smallest_next = False  # batches start alternately with the oldest and the smallest waiting request
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -217,11 +218,36 @@ class BatchingSearcher:
         return await future
 
     async def _collect(self) -> list[_Pending]:
+        """The next batch. Requests that wait are a backlog, not a line: batches start alternately with the
+        request that has waited longest and with the smallest one waiting, so a one-query request waits for at
+        most one heavy search, never for every heavy request queued before it, and a heavy one is never passed
+        over twice in a row. The batch then takes waiting requests smallest first, then what arrives within
+        `max_wait_ms`, while it fits (`max_batch` queries, `max_hits` hits)."""
         assert self._queue is not None
         loop = asyncio.get_running_loop()
-        first = self._held or await self._queue.get()
-        self._held = None
+        while not self._queue.empty():
+            self._backlog.append(self._queue.get_nowait())
+        if not self._backlog:
+            self._backlog.append(await self._queue.get())
+        if self._smallest_next:
+            first = min(self._backlog, key=lambda item: len(item.queries) * item.k)
+        else:
+            first = self._backlog[0]
+        self._smallest_next = not self._smallest_next
+        self._backlog.remove(first)
         batch, size, k = [first], len(first.queries), first.k
+
+        def fits(item: _Pending) -> bool:
+            merged_size, merged_k = size + len(item.queries), max(k, item.k)
+            return merged_size <= self.max_batch and merged_size * merged_k <= self.max_hits
+
+        for item in sorted(self._backlog, key=lambda item: len(item.queries) * item.k):
+            if size >= self.max_batch:
+                break
+            if fits(item):
+                self._backlog.remove(item)
+                batch.append(item)
+                size, k = size + len(item.queries), max(k, item.k)
         deadline = loop.time() + self.max_wait_s
         while size < self.max_batch:
             remaining = deadline - loop.time()
@@ -231,12 +257,11 @@ class BatchingSearcher:
                 )
             except (TimeoutError, asyncio.QueueEmpty):
                 break
-            merged_size, merged_k = size + len(item.queries), max(k, item.k)
-            if merged_size > self.max_batch or merged_size * merged_k > self.max_hits:
-                self._held = item  # it starts the next batch
-                break
+            if not fits(item):
+                self._backlog.append(item)  # it waits for a later batch
+                continue
             batch.append(item)
-            size, k = merged_size, merged_k
+            size, k = size + len(item.queries), max(k, item.k)
         return batch
 
     async def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
