@@ -49,7 +49,10 @@ class ServiceLimits:
     max_queries: int = 2048  # queries in one request
     max_k: int = 1000  # hits per query
     max_query_chars: int = 2048  # characters in one query (encoders keep 512 tokens at most anyway)
-    max_hits: int = 32768  # queries x k in one request: the response (~25 MB of 100-word passages at most)
+    # queries x k in one request; the response is this many hits x the corpus's JSON bytes per hit: 620 B on
+    # average over ../shared/realdata's corpus (86 words a passage: 20 MB at 32768 hits), 2.4 KB at its 99th
+    # percentile (79 MB); lower it for a corpus of long passages
+    max_hits: int = 32768
     max_body_bytes: int = 2 * 1024 * 1024  # the request body, read before any JSON is parsed
     read_timeout_s: int = 10  # a body not read whole within this is dropped (408): a slow or stalled sender
     max_connections: int = 512  # connections and requests at once (uvicorn's limit_concurrency; more get 503)
