@@ -1,6 +1,6 @@
 """`maps-train rl` as the multi-GPU recipe runs it, on two CPU ranks: `accelerate launch --num_processes 2
 -m maps_train.rl` over the world of test_rl_train (tiny Qwen3, a random distilled consolidator adapter, BM25 over the
-demo corpus, the environment through the hf backend), with 4 questions, G=2 and 2 questions per step (one per rank).
+demo corpus, the environment through the hf backend), with 4 questions, G=4 and 2 questions per step (one per rank).
 
 On a machine without CUDA it is `--multi_gpu` that starts two ranks (they join a gloo group because the trainer asks
 accelerate for the CPU); `--cpu --num_processes 2` quietly starts ONE process (accelerate's MULTI_CPU path expects
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_rl_train import MAX_STEPS, REPO, WEIGHTS, lora_weights, write_world
+from test_rl_train import MAX_STEPS, REPO, WEIGHTS, lora_weights, vocabulary_words, write_world
 
 from maps_train.errors import ConfigError
 from maps_train.platform import free_port
@@ -31,7 +31,7 @@ from maps_train.rl.trainer import check_rl_config
 from maps_train.train.adapter_check import check_adapter
 
 RANKS = 2
-QUESTIONS = 4  # 2 steps x 2 ranks x 1 group of G=2 per rank (per_device_train_batch_size 2): each question once
+QUESTIONS = 4  # 2 steps x 2 ranks x 1 group of G=4 per rank (per_device_train_batch_size 4): each question once
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(RANKS),
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 # What MapsRollouts logs on each rank before it plays a step's groups (maps_train.rl.trainer).
@@ -39,11 +39,12 @@ ROLLOUT_LINE = re.compile(r"rl rollout: rank (\d+)/(\d+) step (\d+): questions (
 
 
 def write_ranks_world(tmp_path: Path, adapters_dir: Path) -> tuple[Path, list[str]]:
-    """test_rl_train's recipe with QUESTIONS training questions (golds every answer contains, as there)."""
+    """test_rl_train's recipe with QUESTIONS training questions (the vocabulary's words as golds, as there)."""
     recipe_path = write_world(tmp_path, adapters_dir)
     rows = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:QUESTIONS]]
     questions = tmp_path / "questions-4.jsonl"
-    questions.write_text("".join(json.dumps({**row, "golden_answers": ["e", "o", "s"]}) + "\n" for row in rows))
+    golds = vocabulary_words()
+    questions.write_text("".join(json.dumps({**row, "golden_answers": golds}) + "\n" for row in rows))
     recipe = yaml.safe_load(recipe_path.read_text())
     recipe["rl"]["questions"] = [str(questions)]
     recipe_path.write_text(yaml.safe_dump(recipe))
@@ -53,7 +54,7 @@ def write_ranks_world(tmp_path: Path, adapters_dir: Path) -> tuple[Path, list[st
 def launch_rl(recipe: Path) -> subprocess.CompletedProcess:
     command = [*LAUNCH, "--main_process_port", str(free_port()), "-m", "maps_train.rl", "--config", str(recipe)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
 def questions_by_step_and_rank(log: str) -> dict[int, dict[int, list[str]]]:
@@ -85,7 +86,7 @@ def test_two_ranks_split_the_questions_and_train_one_adapter_written_once(tmp_pa
     assert sorted(seen) == list(range(MAX_STEPS)), log[-3000:]  # rollouts happen at global steps 0 and 1
     for step, by_rank in seen.items():
         assert sorted(by_rank) == list(range(RANKS)), f"step {step}: rollouts from ranks {sorted(by_rank)}"
-        assert all(len(ids) == 1 for ids in by_rank.values()), by_rank  # 2 rollouts per rank = one group of G=2
+        assert all(len(ids) == 1 for ids in by_rank.values()), by_rank  # 4 rollouts per rank = one group of G=4
         assert by_rank[0] != by_rank[1], f"step {step}: both ranks rolled out {by_rank[0]}"
     rolled_out = [qid for by_rank in seen.values() for ids in by_rank.values() for qid in ids]
     assert sorted(rolled_out) == sorted(question_ids)

@@ -2,9 +2,9 @@
 consolidator adapter, the environment the same model through the project's hf backend, BM25 over the demo corpus.
 
 The tiny model's outputs are random tokens (seeded), so no answer is ever right by knowledge. The questions' golds
-are letters every answer of its contains, which makes correctness exactly Cover-EM's length guard: branches whose
-answer is at most `length_guard_words` words score 1, the others 0, so groups differ and GRPO has an advantage to
-follow. A run is SIGKILLed after its first checkpoint and rerun: it resumes from that checkpoint and ends at
+are every whole word of the tiny model's vocabulary and correctness is F1: an answer scores 2 / (words + 1) when one
+of its words is a vocabulary word (the best alias), else 0, so G = 4 branches of different lengths and words score
+differently, groups differ and GRPO has an advantage to follow (unscaled: `scale_rewards: none`). A run is SIGKILLed after its first checkpoint and rerun: it resumes from that checkpoint and ends at
 max_steps with an adapter that differs from the distilled one and that vLLM could serve."""
 
 from __future__ import annotations
@@ -33,10 +33,21 @@ MAX_STEPS = 2
 WEIGHTS = "adapter_model.safetensors"
 
 
+def vocabulary_words() -> list[str]:
+    """Every whole word (letters only, after the byte-level space marker) of the tiny Qwen3's vocabulary."""
+    from transformers import AutoTokenizer
+
+    from maps_train.models import resolve_model
+
+    vocab = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-qwen3")).get_vocab()
+    return sorted({token.lstrip("\u0120").lower() for token in vocab if token.lstrip("\u0120").isalpha()})
+
+
 def write_world(tmp_path: Path, adapters_dir: Path, question_count: int = 2) -> Path:
     demo = [json.loads(line) for line in (REPO / "data/demo/train.jsonl").read_text().splitlines()[:question_count]]
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({**row, "golden_answers": ["e", "o", "s"]}) + "\n" for row in demo))
+    golds = vocabulary_words()
+    questions.write_text("".join(json.dumps({**row, "golden_answers": golds}) + "\n" for row in demo))
     recipe = {
         "name": "rl-test",
         "retrieval": {"kind": "bm25", "corpus": str(REPO / "data/demo/corpus.jsonl"),
@@ -47,9 +58,12 @@ def write_world(tmp_path: Path, adapters_dir: Path, question_count: int = 2) -> 
         "train": {"student": "builtin:tiny-qwen3"},
         "rl": {"roles": ["consolidator"], "adapters_dir": str(adapters_dir), "questions": [str(questions)],
                "environment": "recipe",
-               "output_dir": str(tmp_path / "rl"), "num_generations": 2, "max_completion_tokens": 4, "seed": 0,
-               "reward": {"length_guard_words": 2},
-               "grpo": {"per_device_train_batch_size": 2, "max_steps": MAX_STEPS, "save_steps": 1,
+               "output_dir": str(tmp_path / "rl"), "num_generations": 4, "max_completion_tokens": 4, "seed": 0,
+               "reward": {"correctness": "f1"},
+               # The random model never writes its end-of-turn token in 4: every completion is cut, and the default
+               # mask_truncated_completions would leave nothing to train on.
+               "grpo": {"per_device_train_batch_size": 4, "max_steps": MAX_STEPS, "save_steps": 1,
+                        "mask_truncated_completions": False,
                         "learning_rate": 1e-3, "logging_steps": 1}},
         "wandb": {"enabled": False},
     }
@@ -96,7 +110,8 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     steps = [entry["step"] for entry in state["log_history"] if "reward" in entry]
     assert steps == list(range(1, MAX_STEPS + 1))  # each step once: the resumed run continued, did not restart
     logged = state["log_history"][-2]
-    assert {"rewards/correctness/mean", "rewards/format/mean", "rewards/cost/mean", "rewards/evidence/mean", "kl",
+    assert {"rewards/correctness/mean", "rewards/format/mean", "rewards/cost/mean", "rewards/evidence/mean",
+            "rewards/process/mean", "kl",
             "episode/cover_em", "episode/tokens"} <= set(logged)
     # Step 1 samples the distilled adapter with fixed seeds: its branches differ, so its update moves the policy.
     # (Later steps sample the moved policy, whose groups may all agree: their spread is not this test's business.)
