@@ -148,7 +148,7 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     ("rl.num_generations=3", "must be a multiple of rl.num_generations (3)"),
     ("rl.roles=[critic]", "rl.roles: 'critic' is no role"),
     ("rl.roles=[consolidator,consolidator]", "train one adapter twice"),
-    ("rl.temperature=0", "rl.temperature: GRPO samples its rollouts"),
+    ("rl.temperature=0", "rl.temperature: must be a finite number > 0"),
 ])
 def test_a_recipe_rl_cannot_run_is_refused_in_one_line_before_anything_loads(override, message):
     with pytest.raises(MapsTrainError) as err:
