@@ -156,22 +156,7 @@ def completion_text(call: RoleCall, enable_thinking: bool) -> str:
 
 def sft_row(messages: list[dict[str, str]], completion: str, enable_thinking: bool, question_id: str,
             role: str) -> dict[str, Any]:
-    """One TRL conversational prompt-completion row; With `sft_data.filter: role` the samples are not judged whole: each call's row is kept by its own credit
-(`records.credit`, recorded in the trace), so one bad call does not cost a question its good ones and a lucky answer
-does not carry its bad calls (rejection sampling per role, `credit_verdict`):
-
-- writer and proposer rows whose sub-queries found gold no earlier search of the question had (`new_gold`;
-  dropped as `no_new_gold`);
-- consolidator rows whose stop-or-continue was right for the gold found so far (`right_decision`; dropped as
-  `wrong_decision`);
-- answer rows whose F1 is at least `sft_data.min_answer_f1` (`answer_f1`; dropped as `wrong_answer`);
-- with `require_parsed`, a call whose own output did not parse is dropped (`unparsed`); a question without gold
-  passages cannot judge the search and stop rows (`no_gold`), and a trace written without credit none (`no_credit`).
-
-The cap counts a sample as kept when one of its rows was. `stats.json`'s `credit_rules` counts, per rule and role,
-the rows kept and dropped.
-
-`chat_template_kwargs` makes training render the prompt the
+    """One TRL conversational prompt-completion row; `chat_template_kwargs` makes training render the prompt the
     way vLLM renders it at serving time."""
     return {
         "prompt": messages,
