@@ -35,6 +35,7 @@ REALDATA_FILES = (
     "corpus/corpus.jsonl",
     "hotpotqa/dev.jsonl",
     "2wikimultihopqa/dev.jsonl",
+    "2wikimultihopqa/train_sample.jsonl",
     "musique/dev.jsonl",
     "popqa/test.jsonl",
     "nq/test.jsonl",
