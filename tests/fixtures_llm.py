@@ -156,6 +156,9 @@ def start_vllm_server(
     from maps_train.platform import apply_runtime_defaults
 
     env = apply_runtime_defaults(dict(os.environ))
+    # Importing TRL sets VLLM_LOGGING_LEVEL=ERROR in this process (trl/_compat.py), which a server started after
+    # any test that imported it would inherit: its log (read by tests: --enable-log-requests) keeps INFO.
+    env["VLLM_LOGGING_LEVEL"] = "INFO"
     handle = log.open("w")
     # Its own session, and stopped with the test process even if that is killed outright (a CI timeout).
     proc = start_process_group(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)

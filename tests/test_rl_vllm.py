@@ -57,8 +57,11 @@ def write_colocate_world(tmp_path: Path, student: str, adapters_dir: Path) -> Pa
                "num_generations": 2, "max_completion_tokens": 12, "seed": 0,
                # lr 1 with weight decay 0.5: AdamW halves every LoRA weight at step 1 even where the advantage
                # (hence the gradient) is zero, so step 2 samples a policy far from step 1's.
+               # The random model never ends a completion in 12 tokens: with the default mask_truncated_completions
+               # every token would be masked out of the loss and of the logged sampling gap and KL.
                "grpo": {"per_device_train_batch_size": 2, "max_steps": STEPS, "save_steps": 1, "logging_steps": 1,
-                        "learning_rate": 1.0, "weight_decay": 0.5, "vllm_mode": "colocate"}},
+                        "learning_rate": 1.0, "weight_decay": 0.5, "vllm_mode": "colocate",
+                        "mask_truncated_completions": False}},
         "wandb": {"enabled": False},
     }
     path = tmp_path / "recipe.yaml"

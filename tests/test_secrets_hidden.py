@@ -44,9 +44,13 @@ def test_an_unreachable_retrieval_service_error_hides_the_urls_password():
     assert PASSWORD not in str(err.value) and "http://***@127.0.0.1:" in str(err.value)
 
 
-def test_log_lines_hide_a_urls_password(caplog):
+def test_log_lines_hide_a_urls_password(caplog, monkeypatch):
     install_log_redaction()
-    with caplog.at_level(logging.INFO):
+    # An earlier test's library (vLLM's logging config) may have disabled or detached the logger: not this test's
+    # business, so it is made to reach caplog whatever ran before.
+    monkeypatch.setattr(logging.getLogger("httpx"), "disabled", False)
+    monkeypatch.setattr(logging.getLogger("httpx"), "propagate", True)
+    with caplog.at_level(logging.INFO, logger="httpx"):
         logging.getLogger("httpx").info('HTTP Request: %s %s "%s"', "POST", f"http://u:{PASSWORD}@h:1/v1", "200 OK")
     assert caplog.messages == ['HTTP Request: POST http://***@h:1/v1 "200 OK"']
 

@@ -184,7 +184,8 @@ def test_resume_skips_a_checkpoint_that_a_kill_cut_short(tmp_path):
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
         for name in files:
-            (folder / name).write_text("{}")
+            # an intact trainer_state.json names its step (a torn one is skipped too)
+            (folder / name).write_text(json.dumps({"global_step": step}) if name == "trainer_state.json" else "{}")
     assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")  # what resumed before
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
     assert last_complete_checkpoint(tmp_path / "absent") is None
