@@ -15,7 +15,7 @@ from maps_train.records.answer import Cost, RoleCost
 from maps_train.records.credit import compute_credit
 from maps_train.records.evidence import gold_evidence
 from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, SubQueryHits, TraceRecord
-from maps_train.rl.rewards import PARTS, correctness, hedges, reward_functions, reward_parts, strict_cover_em
+from maps_train.rl.rewards import correctness, hedges, reward_functions, reward_parts, strict_cover_em
 
 GOLD = {"supporting_paragraphs": [{"title": "Dijon", "text": "Dijon is in Burgundy.", "corpus_id": "p5"}]}
 
