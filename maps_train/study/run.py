@@ -26,7 +26,7 @@ import typer
 
 from maps_train.demo import _environment, _run_step
 from maps_train.errors import MapsTrainError
-from maps_train.evaluate.paired import MEASURES, comparison_table
+from maps_train.evaluate.paired import MEASURES, SCORES, comparison_table
 from maps_train.evaluate.results import read_results
 from maps_train.paths import write_text_atomic
 from maps_train.study.split import SPLIT_FILE, split_questions
@@ -48,8 +48,6 @@ def study_pairs(systems: list[str]) -> list[tuple[str, str]]:
 
 def means_table(rows: list[dict], systems: list[str]) -> str:
     """Per system: questions and the mean of every measure (scores x 100)."""
-    from maps_train.evaluate.paired import SCORES
-
     header = "| system | questions | " + " | ".join(MEASURES[m][0] for m in MEASURES) + " |"
     lines = [header, "|---|---:|" + "---:|" * len(MEASURES)]
     for system in systems:

@@ -58,7 +58,7 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
-from maps_train.records.credit import call_credits
+from maps_train.records.credit import call_credits, has_gold
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
@@ -252,10 +252,9 @@ class SFTSetBuilder:
             for call, _ in credits:
                 self.stats.rows[call.role][OVER_CAP[1]] += 1
             return
-        passed = []
+        passed, gold_known = [], has_gold(trace)
         for call, entry in credits:
-            rule, reason = credit_verdict(call, entry, config.min_answer_f1, config.require_parsed,
-                                          has_gold=bool(trace.credit and trace.credit.get("gold")))
+            rule, reason = credit_verdict(call, entry, config.min_answer_f1, config.require_parsed, gold_known)
             self.stats.credit_rules[rule][call.role]["dropped" if reason else "kept"] += 1
             if reason:
                 self.stats.rejects[reason] += 1
@@ -332,7 +331,7 @@ class SFTSetBuilder:
 
 
 def credit_verdict(call: RoleCall, entry: dict[str, Any] | None, min_answer_f1: float, require_parsed: bool,
-                   has_gold: bool) -> tuple[str, str | None]:
+                   gold_known: bool) -> tuple[str, str | None]:
     """(the rule that judges `call`'s row, the reason it is dropped or None when kept) by the call's credit."""
     rule = {"writer": "new_gold", "proposer": "new_gold", "consolidator": "right_decision",
             "answer": "answer_f1"}.get(call.role, "no_rule")
@@ -344,7 +343,7 @@ def credit_verdict(call: RoleCall, entry: dict[str, Any] | None, min_answer_f1: 
         return rule, "no_credit"
     if rule == "answer_f1":
         return rule, None if float(entry.get("f1", 0.0)) >= min_answer_f1 else "wrong_answer"
-    if not has_gold:
+    if not gold_known:
         return rule, "no_gold"
     if rule == "new_gold":
         return rule, None if int(entry.get("new", 0)) > 0 else "no_new_gold"
