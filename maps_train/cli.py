@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from maps_train.config import install_log_redaction, redact_text
+from maps_train.config.redaction import install_log_redaction, redact_text
 from maps_train.errors import MapsTrainError, os_error_line
 from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
 
@@ -54,7 +54,8 @@ def config_show(
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. agent.num_directions=4"),
 ) -> None:
     """Print the resolved recipe: file values, overrides and defaults (secrets such as backend.api_key as ***)."""
-    from maps_train.config import dump_yaml, redact_secrets
+    from maps_train.config.redaction import redact_secrets
+    from maps_train.config.yaml_io import dump_yaml
     from maps_train.recipe import load_recipe
 
     # printed output ends up in terminals, logs and bug reports: never echo a key

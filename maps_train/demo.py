@@ -101,7 +101,8 @@ def keys_to_environment(extra: list[str]) -> tuple[list[str], dict[str, str]]:
     `backend.api_key=K` is taken out and handed to the steps as $OPENAI_API_KEY, which the client reads when
     backend.api_key is empty. Any other override that holds a secret (`serve.extra_args=[--api-key, K]`, a URL's
     password) has no such way around the file and is refused. Returns (the other overrides, the steps' variables)."""
-    from maps_train.config import parse_override, redact_secrets
+    from maps_train.config.overlays import parse_override
+    from maps_train.config.redaction import redact_secrets
 
     overrides, variables = [], {}
     for override in extra:
@@ -123,7 +124,7 @@ def prepare(out: Path, quick: bool, extra: list[str],
             server_wait_s: float = 600.0) -> tuple[Path, Path, dict[str, str]]:
     """The resolved recipe and suite the demo's commands run on, written into `out`, and the environment
     variables the steps need beside them (a key given as `backend.api_key=`: see `keys_to_environment`)."""
-    from maps_train.config import dump_yaml, to_dict
+    from maps_train.config.yaml_io import dump_yaml, to_dict
     from maps_train.evaluate.suite import load_suite
     from maps_train.recipe import load_recipe
 

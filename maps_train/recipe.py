@@ -2,13 +2,14 @@
 
 Every command reads the sections it needs from the same recipe, so a teacher run, its SFT sets, the student's
 training and its serving are described in one place. A student recipe is an overlay on its teacher's
-(`base: ../teacher/qwen3-32b.yaml`, see `maps_train.config`): it inherits the routes, retrieval and traces, so
+(`base: ../teacher/qwen3-32b.yaml`, see `maps_train.config.overlays`): it inherits the routes, retrieval and traces, so
 every student reads the one teacher run. Field names are the YAML keys; see `recipes/` for examples and
 `maps-train config show RECIPE` for the resolved (merged) values.
 
-`train.sft` and `train.lora` are the keyword arguments of TRL's `SFTConfig` and PEFT's `LoraConfig` as those
-libraries define them (over our defaults, `SFT_DEFAULTS` and `LORA_DEFAULTS`), checked against the libraries'
-own fields when the recipe loads.
+`train.sft`, `train.lora` and `rl.grpo` are the keyword arguments of TRL's `SFTConfig`, PEFT's `LoraConfig` and
+TRL's `GRPOConfig` as those libraries define them, checked against the libraries' own fields when the recipe loads;
+a section holds what the recipe sets over maps-train's few departures (`maps_train.library_options`), and every
+other option is the library's default.
 
 Every name that becomes a folder or run name (the recipe's `name`, route and trace role names, adapter names, the
 questions files whose names become trace folders) is checked when the recipe loads: one line naming the file and
@@ -25,10 +26,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from maps_train.config import FieldError, plain_name_field, plain_name_keys, plain_name_problem
+from maps_train.config.names import plain_name_field, plain_name_keys, plain_name_problem
+from maps_train.config.typed import FieldError
+from maps_train.library_options import (
+    GRPO_DEFAULTS,
+    LORA_DEFAULTS,
+    SFT_DEFAULTS,
+    check_grpo_options,
+    check_lora_options,
+    check_sft_options,
+)
 from maps_train.tracking import WandbConfig
-
-_CONFIG_SOURCE = str(Path(__file__).with_name("config.py"))  # the checking code, part of a verdict's key
 
 
 @dataclass
@@ -295,118 +303,6 @@ class SFTDataConfig:
             raise ValueError(f"min_answer_f1 must be in [0, 1], got {self.min_answer_f1}")
 
 
-# Our defaults for `train.sft` (keyword arguments of trl.SFTConfig) and `train.lora` (of peft.LoraConfig); a recipe
-# names only the keys it changes. Where TRL's own default differs, ours is the one that fits role adapters on a
-# small student: LoRA learning rate, loss on the completion only, no gradient checkpointing unless asked.
-SFT_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 2e-4,
-    "lr_scheduler_type": "cosine",
-    "warmup_steps": 0.03,  # below 1: a fraction of the training steps (transformers v5 folded warmup_ratio in)
-    "weight_decay": 0.0,
-    "num_train_epochs": 1.0,
-    "max_steps": -1,
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "max_length": 2048,
-    "packing": False,
-    "completion_only_loss": True,  # loss on the role's completion only (prompt-completion rows)
-    "assistant_only_loss": False,  # prompt-completion rows: the completion mask needs no template markers
-    "bf16": False,  # bf16 autocast: on GPU; on CPU only with bf16 instructions (AVX512-BF16, AMX), else float32
-    "gradient_checkpointing": False,
-    "logging_steps": 10,
-    "eval_strategy": "steps",  # every eval_steps (null: logging_steps) when the SFT set has eval.jsonl; else "no"
-    "save_strategy": "steps",
-    "save_steps": 500,  # LoRA checkpoints under <output_dir>/_trainer/<adapter>; a rerun resumes from the last
-    "save_total_limit": 2,
-    "seed": 0,
-    "ddp_find_unused_parameters": False,  # every LoRA weight gets a gradient each step
-}
-# Set by maps-train itself, so a recipe value would be silently replaced: refused with the reason.
-SFT_RESERVED = {
-    "output_dir": "set by maps-train to <train.output_dir>/_trainer/<adapter> (set train.output_dir)",
-    "use_cpu": "set by maps-train from the machine (CPU ranks join one gloo group)",
-}
-LORA_DEFAULTS: dict[str, Any] = {
-    "r": 16,
-    "lora_alpha": 32,
-    "lora_dropout": 0.05,
-    "target_modules": "all-linear",  # here: every attention and MLP projection, the modules vLLM serves LoRA on
-    "bias": "none",
-    "task_type": "CAUSAL_LM",
-}
-
-
-def library_verdict(kind: str, distributions: tuple[str, ...], options: dict[str, Any], check) -> dict[str, Any]:
-    """`check(options)`, remembered per installed version of the library that judges it.
-
-    Importing TRL or PEFT takes seconds (docs/throughput.md, start-up costs), and every command that loads a
-    recipe (traces, eval, serve, sft-data) would pay it to check a section it never uses. The library's verdict on
-    the same options under the same versions (and this checking code) does not change, so an accepted set is kept under
-    $MAPS_TRAIN_HOME/checks and later loads reuse it; a refused set is never kept, so it fails every time."""
-    from importlib.metadata import version
-
-    from maps_train.paths import home, write_text_atomic
-
-    code = "".join(Path(module).read_text(encoding="utf-8") for module in (__file__, _CONFIG_SOURCE))
-    key = json.dumps({"kind": kind, "versions": {name: version(name) for name in distributions},
-                      "code": hashlib.sha256(code.encode()).hexdigest(), "options": options},
-                     sort_keys=True, default=repr)
-    path = home() / "checks" / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["checked"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not checked yet (or an unreadable entry): ask the library
-    checked = check(options)
-    try:
-        text = json.dumps({"kind": kind, "checked": checked})
-    except (TypeError, ValueError):
-        return checked  # a value JSON cannot hold: checked again next time
-    if json.loads(text)["checked"] != checked:
-        return checked  # JSON would change it (a tuple, say): never reuse a different value
-    try:
-        write_text_atomic(path, text)  # concurrent loads read a whole entry or none
-    except OSError:
-        pass  # a home we cannot write: the verdict stands, only the memo is lost
-    return checked
-
-
-def _sft_verdict(options: dict[str, Any]) -> dict[str, Any]:
-    from trl import SFTConfig
-
-    from maps_train.config import check_dataclass_kwargs
-
-    return check_dataclass_kwargs(SFTConfig, options, "SFTConfig")
-
-
-def _lora_verdict(options: dict[str, Any]) -> dict[str, Any]:
-    from peft import LoraConfig
-
-    from maps_train.config import FieldError, check_dataclass_kwargs
-
-    checked = check_dataclass_kwargs(LoraConfig, options, "LoraConfig")
-    try:
-        LoraConfig(**{**LORA_DEFAULTS, **checked})
-    except (TypeError, ValueError) as err:
-        raise FieldError("", f"peft.LoraConfig refuses it: {' '.join(str(err).split())}") from None
-    return checked
-
-
-def check_sft_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`train.sft` checked against trl.SFTConfig's own fields (TRL's verdict remembered per version)."""
-    from maps_train.config import FieldError
-
-    for key in options:
-        if key in SFT_RESERVED:
-            raise FieldError(key, SFT_RESERVED[key])
-    return library_verdict("sft", ("trl", "transformers"), options, _sft_verdict)
-
-
-def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`train.lora` checked against peft.LoraConfig's fields, then built once so PEFT's own checks run now (PEFT's
-    verdict remembered per version)."""
-    return library_verdict("lora", ("peft",), options, _lora_verdict)
-
-
 @dataclass
 class TrainConfig:
     student: str = "builtin:smollm2-135m-instruct"
@@ -481,55 +377,6 @@ class OnPolicyConfig:
     mix_ratio: float = 1.0  # off-policy (teacher-trace) rows per on-policy row in each iteration's SFT set
     batch_size: int = 256  # teacher calls per backend call
     seed: int = 0
-
-
-# Our defaults for `rl.grpo` (keyword arguments of trl.GRPOConfig); a recipe names only the keys it changes.
-GRPO_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 1e-5,
-    "beta": 0.04,  # KL to the starting adapter (TRL keeps a frozen copy of it as the "ref" adapter)
-    "per_device_train_batch_size": 4,  # rollouts per device per step: a multiple of rl.num_generations
-    "gradient_accumulation_steps": 1,
-    "max_steps": 100,
-    "logging_steps": 1,
-    "save_strategy": "steps",
-    "save_steps": 10,
-    "save_total_limit": 2,
-    "bf16": False,
-    "seed": 0,
-    "report_to": [],  # maps-train opens the W&B run itself (wandb: section), like the SFT stage
-    # Advantages in reward units (reward - group mean), not divided by the group's std (TRL's "group"): with the
-    # std, branches that tie on correctness and differ by a few tokens of cost get unit-size advantages, and
-    # lambda loses its meaning (Dr. GRPO, Liu et al. 2025, drops the std for the same bias).
-    "scale_rewards": "none",
-    # A completion cut at max_completion_length is left out of the loss: its tokens never ended the call.
-    "mask_truncated_completions": True,
-}
-# Set by maps-train from the `rl:` section, so a value under rl.grpo would be silently replaced: refused.
-GRPO_RESERVED = {
-    "output_dir": "set by maps-train to <rl.output_dir>/_trainer/<role>",
-    "num_generations": "set from rl.num_generations",
-    "max_completion_length": "set from rl.max_completion_tokens",
-    "temperature": "set from rl.temperature",
-    "reward_weights": "set from rl.reward (one weight per reward part)",
-    "use_cpu": "set by maps-train from the machine",
-    "use_vllm": "set from rl.rollout (vllm: TRL's vLLM samples the trained calls)",
-}
-
-
-def check_grpo_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`rl.grpo` checked against trl.GRPOConfig's own fields (TRL's verdict remembered per version)."""
-    for key in options:
-        if key in GRPO_RESERVED:
-            raise FieldError(key, GRPO_RESERVED[key])
-    return library_verdict("grpo", ("trl", "transformers"), options, _grpo_verdict)
-
-
-def _grpo_verdict(options: dict[str, Any]) -> dict[str, Any]:
-    from trl import GRPOConfig
-
-    from maps_train.config import check_dataclass_kwargs
-
-    return check_dataclass_kwargs(GRPOConfig, options, "GRPOConfig")
 
 
 @dataclass
@@ -710,6 +557,6 @@ def tokenizer_identity(name: str) -> str:
 
 
 def load_recipe(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    from maps_train.config import load_config
+    from maps_train.config.overlays import load_config
 
     return load_config(Recipe, path, overrides)

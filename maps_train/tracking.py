@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from maps_train.config import redact_secrets
+from maps_train.config.redaction import redact_secrets
 
 
 @dataclass

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from maps_train.config import load_config
+from maps_train.config.overlays import load_config
 from maps_train.errors import ConfigError
 from maps_train.recipe import Recipe, load_recipe
 
@@ -84,7 +84,7 @@ def test_library_options_keep_our_defaults_under_the_recipes_keys(tmp_path):
     from peft import LoraConfig
     from trl import SFTConfig
 
-    from maps_train.recipe import LORA_DEFAULTS, SFT_DEFAULTS
+    from maps_train.library_options import LORA_DEFAULTS, SFT_DEFAULTS
 
     assert set(SFT_DEFAULTS) <= {f.name for f in dataclasses.fields(SFTConfig)}
     assert set(LORA_DEFAULTS) <= {f.name for f in dataclasses.fields(LoraConfig)}
@@ -131,7 +131,7 @@ def test_cli_config_show_and_one_line_error(tmp_path):
 
 
 def test_redact_secrets_masks_every_secret_looking_key():
-    from maps_train.config import redact_secrets
+    from maps_train.config.redaction import redact_secrets
 
     raw = {
         "backend": {"api_key": "sk-live", "base_urls": ["http://h/v1"], "max_tokens": 5},
@@ -185,7 +185,7 @@ def test_cli_config_show_redacts_and_bad_bytes_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("name", ["nq", "2wikimultihopqa", "maps-qwen3_4b.v2", "A" * 100, "_x"])
 def test_plain_names_pass(name):
-    from maps_train.config import check_plain_name
+    from maps_train.config.names import check_plain_name
 
     assert check_plain_name(name, "systems[0].name") == name
 
@@ -207,7 +207,7 @@ def test_plain_names_pass(name):
     ],
 )
 def test_unsafe_names_are_one_line_errors(name, shown, rule):
-    from maps_train.config import check_plain_name
+    from maps_train.config.names import check_plain_name
 
     with pytest.raises(ConfigError) as err:
         check_plain_name(name, "suite.yaml: systems[0].name")

@@ -151,7 +151,7 @@ STUDY = Path(__file__).resolve().parents[1] / "eval" / "suites" / "realdata_cpu.
 
 
 def test_realdata_cpu_suite_loads_and_plans(realdata, monkeypatch):
-    from maps_train.config import to_dict
+    from maps_train.config.yaml_io import to_dict
     from maps_train.evaluate.suite import load_suite_questions
     from maps_train.plan.preflight import load_stage_inputs, plan_of_stage
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from maps_train.config import ConfigError, read_yaml
-from maps_train.errors import MapsTrainError
+from maps_train.config.yaml_io import read_yaml
+from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.evaluate.datasets import load_eval_questions, load_gpqa_csv
 from maps_train.questions import Question, load_questions
 from maps_train.retrieval.corpus import Corpus, find_duplicate_id, require_unique_ids

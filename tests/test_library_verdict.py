@@ -1,5 +1,5 @@
 """`train.sft` / `train.lora` are judged by TRL and PEFT themselves, and the verdict is remembered per installed
-version (maps_train/recipe.py `library_verdict`): a recipe load after the first imports neither library, a refused
+version (maps_train/library_options.py `remembered`): a recipe load after the first imports neither library, a refused
 section fails every time, and another library version (or other options) asks the library again."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import textwrap
 
 import pytest
 
-from maps_train import recipe as recipe_module
+from maps_train import library_options
 from maps_train.errors import ConfigError
-from maps_train.recipe import library_verdict, load_recipe
+from maps_train.library_options import LORA, SFT, remembered
+from maps_train.recipe import load_recipe
 
 
 @pytest.fixture()
@@ -68,34 +69,34 @@ def test_another_version_or_other_options_ask_the_library_again(home, monkeypatc
 
     versions = {"trl": "1.0", "transformers": "5.0"}
     monkeypatch.setattr("importlib.metadata.version", lambda name: versions[name])
-    assert library_verdict("sft", ("trl", "transformers"), {"learning_rate": "1e-4"}, check) == {"learning_rate": 1e-4}
-    assert library_verdict("sft", ("trl", "transformers"), {"learning_rate": "1e-4"}, check) == {"learning_rate": 1e-4}
+    assert remembered(SFT, "verdict", {"learning_rate": "1e-4"}, lambda: check({"learning_rate": "1e-4"})) == {"learning_rate": 1e-4}
+    assert remembered(SFT, "verdict", {"learning_rate": "1e-4"}, lambda: check({"learning_rate": "1e-4"})) == {"learning_rate": 1e-4}
     assert len(asked) == 1
     versions["trl"] = "1.1"
-    library_verdict("sft", ("trl", "transformers"), {"learning_rate": "1e-4"}, check)
-    library_verdict("sft", ("trl", "transformers"), {"learning_rate": "2e-4"}, check)
+    remembered(SFT, "verdict", {"learning_rate": "1e-4"}, lambda: check({"learning_rate": "1e-4"}))
+    remembered(SFT, "verdict", {"learning_rate": "2e-4"}, lambda: check({"learning_rate": "2e-4"}))
     assert len(asked) == 3
 
 
 def test_a_value_json_would_change_is_checked_again_not_reused(home):
     asked = []
 
-    def check(options):
+    def check():
         asked.append(1)
         return {"target_modules": ("q_proj", "v_proj")}  # a tuple would come back from JSON as a list
 
     for _ in range(2):
-        assert library_verdict("lora", ("peft",), {"target_modules": ["q_proj"]}, check) == {
+        assert remembered(LORA, "verdict", {"target_modules": ["q_proj"]}, check) == {
             "target_modules": ("q_proj", "v_proj")}
     assert len(asked) == 2
 
 
 def test_the_checking_code_is_part_of_the_key(home, monkeypatch, tmp_path):
     asked = []
-    check = lambda options: asked.append(1) or dict(options)  # noqa: E731
-    library_verdict("lora", ("peft",), {"r": 8}, check)
-    edited = tmp_path / "config.py"
+    check = lambda: asked.append(1) or {"r": 8}  # noqa: E731
+    remembered(LORA, "verdict", {"r": 8}, check)
+    edited = tmp_path / "library_options.py"
     edited.write_text("# another version of the checking code\n")
-    monkeypatch.setattr(recipe_module, "_CONFIG_SOURCE", str(edited))
-    library_verdict("lora", ("peft",), {"r": 8}, check)
+    monkeypatch.setattr(library_options, "__file__", str(edited))
+    remembered(LORA, "verdict", {"r": 8}, check)
     assert len(asked) == 2

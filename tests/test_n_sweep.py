@@ -19,7 +19,7 @@ from scripted_backend import RecordingRetriever, ScriptedBackend
 from test_cover_em_flashrag import flashrag_acc
 
 from maps_train.agents.runner import run_method
-from maps_train.config import dump_yaml
+from maps_train.config.yaml_io import dump_yaml
 from maps_train.evaluate.suite import DatasetSpec, load_suite, run_suite
 
 SWEEP = "eval/suites/n_sweep.yaml"

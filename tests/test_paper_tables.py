@@ -165,7 +165,7 @@ NEVER_THINKING = {"maps": ("proposer", "writer", "consolidator"), "search_o1": (
 
 @pytest.mark.parametrize("suite_name", ["paper", "paper_qwen3.6"])
 def test_each_paper_system_runs_with_thinking_on_and_off(repo_root, suite_name):
-    from maps_train.config import to_dict
+    from maps_train.config.yaml_io import to_dict
     from maps_train.evaluate.suite import load_suite, load_system_recipe
 
     path = repo_root / "eval" / "suites" / f"{suite_name}.yaml"

@@ -17,7 +17,9 @@ import pytest
 from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
 from typer.testing import CliRunner
 
-from maps_train.config import MAX_BASE_CHAIN, MAX_YAML_BYTES, MAX_YAML_KEYS, ConfigError
+from maps_train.config.overlays import MAX_BASE_CHAIN
+from maps_train.config.yaml_io import MAX_YAML_BYTES, MAX_YAML_KEYS
+from maps_train.errors import ConfigError
 from maps_train.recipe import load_recipe
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from maps_train.config import install_log_redaction
+from maps_train.config.redaction import install_log_redaction
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.llm import ChatRequest
 from maps_train.llm.openai_backend import OpenAIBackend

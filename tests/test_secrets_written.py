@@ -16,7 +16,7 @@ import pytest
 from test_eval_suite import FixedAnswerRunner, write_jsonl
 from typer.testing import CliRunner
 
-from maps_train.config import redact_secrets
+from maps_train.config.redaction import redact_secrets
 
 KEY = "sk-test-LEAKCHECK-123"
 MARKER = b"LEAKCHECK"  # the key's distinctive part: found even if something re-quotes or cuts the key

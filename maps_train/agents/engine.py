@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from maps_train.agents.jsonparse import Parsed
 from maps_train.agents.prompting import PromptLibrary
-from maps_train.config import to_dict
+from maps_train.config.yaml_io import to_dict
 from maps_train.errors import MapsTrainError
 from maps_train.llm.types import Backend, ChatRequest, Completion, PromptShrinker
 from maps_train.questions import Question

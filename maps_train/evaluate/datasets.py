@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from maps_train.config import decode_utf8
+from maps_train.config.yaml_io import decode_utf8
 from maps_train.errors import MapsTrainError, io_errors
 from maps_train.questions import Question, UniqueIds, load_questions, question_from_row
 from maps_train.records.metrics import LETTERS

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from maps_train.config import to_dict
+from maps_train.config.yaml_io import to_dict
 
 # The roles each method calls (maps_train/agents: the MAPS engine and the baselines' docstrings).
 METHOD_ROLES = {

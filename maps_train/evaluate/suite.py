@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from maps_train import safejson
-from maps_train.config import check_plain_name, dump_yaml, load_config, redact_secrets, to_dict
+from maps_train.config.names import check_plain_name
+from maps_train.config.overlays import load_config
+from maps_train.config.redaction import redact_secrets
+from maps_train.config.yaml_io import dump_yaml, to_dict
 from maps_train.errors import ConfigError, MapsTrainError, io_errors
 from maps_train.evaluate.cost import ParameterLookup
 from maps_train.evaluate.datasets import dataset_info, load_eval_questions, sample

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx  # here, not in the loop threads: backends built at once by parallel suite runs raced on its import
 
-from maps_train.config import redact_text
+from maps_train.config.redaction import redact_text
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import (
     CallSpec,

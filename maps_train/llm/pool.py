@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from maps_train.config import to_dict
+from maps_train.config.yaml_io import to_dict
 from maps_train.errors import MapsTrainError
 from maps_train.llm.router import Router, any_thinking, engine_key, make_backend
 from maps_train.recipe import BackendConfig, Recipe, RoleRoute

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.library_options import GRPOOptions, LoraOptions, SFTOptions
 from maps_train.plan import memory
 from maps_train.plan.memory import GB
 from maps_train.plan.shapes import ModelShape, model_shape
@@ -297,7 +298,7 @@ def accelerate_settings(recipe: Recipe, hardware: HardwareConfig,
     counts every machine's ranks) over its num_machines (or `num_machines`, `maps-train train --num-machines`), or,
     where it sets none, one rank per GPU as `maps-train train` launches it (maps_train/train/launch.py); without a
     config, train.num_processes. The hardware is one machine's: the plan is per machine."""
-    from maps_train.config import read_yaml
+    from maps_train.config.yaml_io import read_yaml
 
     path = recipe.train.accelerate_config
     if not path:
@@ -320,15 +321,14 @@ def accelerate_settings(recipe: Recipe, hardware: HardwareConfig,
 def train_rows(recipe: Recipe, hardware: HardwareConfig, num_machines: int | None = None) -> list[Row]:
     """One row for every adapter: they train one launch after another with the same settings, so the same sizes.
     Over several machines, each machine's ranks against its own GPUs (ZeRO shards over every rank)."""
-    sft, lora = recipe.train.sft, recipe.train.lora
+    sft, lora = SFTOptions.of(recipe.train.sft), LoraOptions.of(recipe.train.lora)
     shape = model_shape(recipe.train.student)
     world, zero, said, machines = accelerate_settings(recipe, hardware, num_machines)
     on_gpu = hardware.gpus > 0
-    settings = dict(max_length=int(sft["max_length"]), lora_rank=int(lora["r"]),
-                    lora_dropout=float(lora.get("lora_dropout", 0.0)),
-                    checkpointing=bool(sft.get("gradient_checkpointing")), bf16=on_gpu and bool(sft.get("bf16")),
+    settings = dict(max_length=int(sft.max_length), lora_rank=int(lora.r), lora_dropout=float(lora.lora_dropout),
+                    checkpointing=bool(sft.gradient_checkpointing), bf16=on_gpu and bool(sft.bf16),
                     world=world * machines, zero_stage=zero, on_gpu=on_gpu)
-    batch = int(sft["per_device_train_batch_size"])
+    batch = int(sft.per_device_train_batch_size)
     need = memory.train_memory(shape, batch=batch, **settings)
     stage = f"train {', '.join(adapter_names(recipe))}"
     process = (f"{world} x rank {recipe.train.student} LoRA r{settings['lora_rank']}" + (f" ZeRO-{zero}" if zero else "")
@@ -350,7 +350,7 @@ def train_rows(recipe: Recipe, hardware: HardwareConfig, num_machines: int | Non
 
 def _train_refusal(stage, recipe, shape, need, budget, batch, settings) -> str:
     """What does not fit, by how much, and the change that makes it fit (checkpointing, then a smaller batch)."""
-    accumulation = int(recipe.train.sft.get("gradient_accumulation_steps", 1))
+    accumulation = SFTOptions.of(recipe.train.sft).gradient_accumulation_steps
     head = (f"{stage}: {recipe.train.student} at batch {batch} x {settings['max_length']} tokens needs "
             f"{_gb(need.total)} a GPU, {_gb(need.total - budget)} over {_gb(budget)} (activations "
             f"{_gb(need.activations)}, fused LM head {_gb(need.lm_head)})")
@@ -408,13 +408,13 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     vllm_gpu_memory_utilization of the GPU, and an in-process environment engine (rl.environment distilled: the
     student with its adapters; recipe: the recipe's vLLM routes) its own gpu_memory_utilization. An environment
     on `maps-train serve` (server) and TRL's `vllm_mode: server` engine run elsewhere: plan them on their own."""
-    rl, grpo, lora = recipe.rl, recipe.rl.grpo, recipe.train.lora
+    rl, grpo, lora = recipe.rl, GRPOOptions.of(recipe.rl.grpo), LoraOptions.of(recipe.train.lora)
     shape = model_shape(recipe.train.student)
     on_gpu = hardware.gpus > 0
-    batch = int(grpo["per_device_train_batch_size"])
-    context = int(grpo.get("vllm_max_model_length") or recipe.backend.max_model_len)
-    settings = dict(max_length=context, lora_rank=int(lora["r"]), lora_dropout=float(lora.get("lora_dropout", 0.0)),
-                    checkpointing=bool(grpo.get("gradient_checkpointing")), bf16=on_gpu and bool(grpo.get("bf16")),
+    batch = int(grpo.per_device_train_batch_size)
+    context = int(grpo.vllm_max_model_length or recipe.backend.max_model_len)
+    settings = dict(max_length=context, lora_rank=int(lora.r), lora_dropout=float(lora.lora_dropout),
+                    checkpointing=bool(grpo.gradient_checkpointing), bf16=on_gpu and bool(grpo.bf16),
                     world=1, zero_stage=0, on_gpu=on_gpu)
     need = _grpo_memory(recipe, shape, batch, settings)
     stage = f"rl {', '.join(rl.roles)}"
@@ -422,7 +422,7 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     note = (f"weights {_gb(need.weights)}, LoRA + ref {_gb(need.lora_states)}, activations {_gb(need.activations)} "
             f"({batch} x {context} tokens, checkpointing {'on' if settings['checkpointing'] else 'off'}), fused LM head "
             f"{_gb(need.lm_head)} ({batch} x {rl.max_completion_tokens} completion tokens scored)")
-    colocated = rl.rollout == "vllm" and grpo.get("vllm_mode", "colocate") == "colocate"
+    colocated = rl.rollout == "vllm" and grpo.vllm_mode == "colocate"
     environment = _environment_engines(recipe)
     # The machine's ranks search one `maps-train retrieve serve` (rl/shared_retrieval.py): one index in host
     # memory for them all, its encoder on GPU 0; a named service (retrieval.service_url) or BM25: nothing here.
@@ -450,7 +450,7 @@ def rl_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     rows = [Row(stage, process, "each training GPU", need.total, capacity, note)]
     engine_budget = 0.0
     if colocated:
-        utilization = float(grpo.get("vllm_gpu_memory_utilization", 0.3))
+        utilization = float(grpo.vllm_gpu_memory_utilization)
         engine_budget = utilization * capacity
         engine = memory.engine_memory(shape, tensor_parallel=1, max_model_len=context, max_loras=0,
                                       max_lora_rank=recipe.backend.max_lora_rank, budget=engine_budget)
@@ -494,7 +494,7 @@ def _grpo_memory(recipe: Recipe, shape: ModelShape, batch: int, settings: dict) 
     need = memory.train_memory(shape, batch=batch, scored=batch * min(rl.max_completion_tokens, settings["max_length"]),
                                **settings)
     reference = 0.0
-    if rl.init == "distilled" and float(rl.grpo.get("beta", 0.0)) > 0:  # a fresh LoRA's reference is the base
+    if rl.init == "distilled" and float(GRPOOptions.of(rl.grpo).beta) > 0:  # a fresh LoRA's reference is the base
         reference = shape.lora_parameters(settings["lora_rank"]) * memory.FP32
     return replace(need, lora_states=need.lora_states + reference)
 
@@ -524,7 +524,7 @@ def _rl_refusal(stage, recipe, shape, settings, batch, where, capacity, rank, en
     head = f"{stage}: {where} holds {_gb(used)} ({', '.join(parts)}), {_gb(used - capacity)} over {_gb(capacity)}"
     if not rank:
         return f"{head}; lower backend.gpu_memory_utilization or serve the environment (rl.environment: server)"
-    accumulation = int(recipe.rl.grpo.get("gradient_accumulation_steps", 1))
+    accumulation = GRPOOptions.of(recipe.rl.grpo).gradient_accumulation_steps
     room = capacity - engine_budget - others - encoder
     changes = _change_that_fits(lambda rows, kept: _grpo_memory(recipe, shape, rows, kept).total, room, batch,
                                 accumulation, settings, "rl.grpo")
@@ -613,7 +613,7 @@ def plan_systems(suite: Any, recipes: list[Recipe], gpus=None, gpu_memory_gb=Non
 
 
 def is_suite(path: Path) -> bool:
-    from maps_train.config import read_yaml
+    from maps_train.config.yaml_io import read_yaml
 
     return "systems" in read_yaml(path)
 
@@ -627,7 +627,7 @@ def make_plan(path: str, overrides: list[str], gpus=None, gpu_memory_gb=None, me
         raise MapsTrainError(f"{path}: no such recipe or suite file")
     if is_suite(source):
         return plan_suite(source, overrides, gpus, gpu_memory_gb, memory_gb)
-    from maps_train.config import read_layered
+    from maps_train.config.overlays import read_layered
 
     recipe = load_recipe(path, overrides)
     written = read_layered(source)[0]
@@ -646,7 +646,7 @@ STUDENT_OVERRIDES = tuple(f"{key}." for key in STUDENT_KEYS) + ("backend.max_lor
 def student_overlay_base(source: Path, overrides: list[str]) -> str | None:
     """The base recipe (as the file names it) when `source` is a student overlay whose index and agent are its
     base's, unchanged; None when it plans them itself."""
-    from maps_train.config import read_yaml
+    from maps_train.config.yaml_io import read_yaml
 
     own = read_yaml(source)
     if not own.get("base") or set(own) - STUDENT_KEYS - {"backend"}:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from maps_train.config import redact_text
+from maps_train.config.redaction import redact_text
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.base import Hit
 from maps_train.safejson import scrub

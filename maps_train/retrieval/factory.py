@@ -17,7 +17,7 @@ import re
 import threading
 from pathlib import Path
 
-from maps_train.config import to_dict
+from maps_train.config.yaml_io import to_dict
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import RetrievalConfig
 from maps_train.retrieval.base import Retriever

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
                  "loads them once trained."),
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
-        from maps_train.config import dump_yaml, redact_secrets
+        from maps_train.config.redaction import redact_secrets
+        from maps_train.config.yaml_io import dump_yaml
         from maps_train.errors import MapsTrainError
         from maps_train.recipe import load_recipe
         from maps_train.serve.plan import plan_server

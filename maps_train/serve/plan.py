@@ -9,8 +9,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from maps_train.config import redact_secrets
+from maps_train.config.redaction import redact_secrets
 from maps_train.errors import MapsTrainError
+from maps_train.library_options import LoraOptions
 from maps_train.llm.common import model_can_think
 from maps_train.models.resolve import resolve_model
 from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_dtype, vllm_on_cpu
@@ -103,7 +104,7 @@ def planned_rank(recipe: Recipe) -> int:
     `train.lora.r` (and `backend.max_lora_rank`)."""
     from maps_train.train.adapter_check import allowed_lora_ranks
 
-    wanted = max(int(recipe.train.lora.get("r") or 0), int(recipe.backend.max_lora_rank or 0))
+    wanted = max(LoraOptions.of(recipe.train.lora).r, int(recipe.backend.max_lora_rank or 0))
     rank = next((r for r in allowed_lora_ranks() if r >= wanted), None)
     if rank is None:
         raise MapsTrainError(f"serve: LoRA rank {wanted} exceeds vLLM's largest ({allowed_lora_ranks()[-1]})")

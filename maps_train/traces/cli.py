@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable); with
         traces.samples_per_question > 1, k seeded samples per question at traces.sample_temperature."""
-        from maps_train.config import to_dict
+        from maps_train.config.yaml_io import to_dict
         from maps_train.recipe import load_recipe
         from maps_train.records.shards import Shard
         from maps_train.traces.collect import collect_traces
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         """Keep correct, fully parsed, distinct samples (at most sft_data.max_samples_per_question per question);
         write one TRL prompt-completion set per adapter (a seeded eval split with sft_data.eval_fraction), with
         per-role counts of kept and rejected rows. Students of one teacher share the set (see sft_data.out_dir)."""
-        from maps_train.config import to_dict
+        from maps_train.config.yaml_io import to_dict
         from maps_train.recipe import load_recipe, sft_set_dir, sft_traces_dir
         from maps_train.traces.sft import build_sft_sets
         from maps_train.tracking import artifact_name, make_tracker

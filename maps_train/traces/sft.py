@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.library_options import SFTOptions
 from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.credit import call_credits, has_gold
@@ -218,7 +219,7 @@ class SFTSetBuilder:
         self.role_to_adapter = adapter_of_role(recipe, shared=False)
         self.kwargs = {"enable_thinking": self.config.enable_thinking}
         self.counter = TokenCounter(self.config.tokenizer or recipe.train.student)
-        self.max_length = recipe.train.sft.get("max_length")  # TRL cuts longer rows from the end: the completion
+        self.max_length = SFTOptions.of(recipe.train.sft).max_length  # TRL cuts longer rows from the end: the completion
         self.stats = SFTStats()
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.row_questions: dict[str, list[tuple[str, str]]] = defaultdict(list)  # beside rows: each row's question

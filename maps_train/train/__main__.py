@@ -38,6 +38,7 @@ import sys
 import time
 
 from maps_train.errors import MapsTrainError
+from maps_train.library_options import LoraOptions
 from maps_train.platform import apply_runtime_defaults
 
 logger = logging.getLogger("maps_train.train")
@@ -141,8 +142,8 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
             ),
             "student": recipe.train.student,
             "base_model_name_or_path": base_model,
-            "lora_r": recipe.train.lora["r"],
-            "lora_alpha": recipe.train.lora["lora_alpha"],
+            "lora_r": LoraOptions.of(recipe.train.lora).r,
+            "lora_alpha": LoraOptions.of(recipe.train.lora).lora_alpha,
             "packing": training_args.packing,
             "dtype": precision.dtype,
             "bf16": precision.bf16,
@@ -206,7 +207,7 @@ def record_artifacts(recipe, adapter: str, out_dir, metrics: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from maps_train.config import install_log_redaction, redact_text
+    from maps_train.config.redaction import install_log_redaction, redact_text
     from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train import sft
     from maps_train.train.sft import distributed_state

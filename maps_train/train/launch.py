@@ -24,8 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from maps_train.config import redact_secrets
+from maps_train.config.redaction import redact_secrets
 from maps_train.errors import MapsTrainError
+from maps_train.library_options import SFTOptions
 from maps_train.platform import free_port
 
 
@@ -76,7 +77,7 @@ class Rendezvous:
 def _config_values(accelerate_config: str | None) -> dict:
     if not accelerate_config:
         return {}
-    from maps_train.config import read_yaml
+    from maps_train.config.yaml_io import read_yaml
 
     try:
         return read_yaml(accelerate_config) or {}
@@ -214,7 +215,7 @@ def train_all(
     ]
     for name, covered in launches:
         command = launch_command(
-            recipe_path, name, list(overrides), config, processes, bool(recipe.train.sft.get("bf16")), overwrite,
+            recipe_path, name, list(overrides), config, processes, bool(SFTOptions.of(recipe.train.sft).bf16), overwrite,
             machines=machines,
         )
         echo(f"{'+'.join(covered)}: {' '.join(redact_secrets(command))}")  # overrides may set backend.api_key

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maps_train.config import check_plain_name
+from maps_train.config.names import check_plain_name
 from maps_train.errors import ConfigError, MapsTrainError
+from maps_train.library_options import SFTOptions
 from maps_train.platform import cpu_multiplies_bf16
 from maps_train.recipe import TRAINER_SUBDIR
 from maps_train.tracking import artifact_name, wandb_environment
@@ -61,7 +62,7 @@ def distributed_state():
 def choose_precision(train) -> Precision:
     """GPU: bf16 when `train.sft.bf16`. CPU: float32 weights; bf16 autocast only when `train.sft.bf16` asks and
     the CPU has bf16 instructions (`cpu_multiplies_bf16`), else float32 throughout (said once in the log)."""
-    bf16 = bool(train.sft.get("bf16"))
+    bf16 = bool(SFTOptions.of(train.sft).bf16)
     if on_cpu():
         if bf16 and not cpu_multiplies_bf16():
             logger.warning("train.sft.bf16: this CPU has no bf16 instructions (AVX512-BF16, AMX); training in float32")
@@ -156,8 +157,9 @@ def build_sft_config(recipe, adapter: str, precision: Precision, has_eval: bool 
     wandb_on = wandb_environment(recipe.wandb, recipe.name)
     kwargs.setdefault("run_name", f"{recipe.name}-{adapter}")
     kwargs.setdefault("report_to", ["wandb"] if wandb_on else "none")
-    kwargs.setdefault("per_device_eval_batch_size", kwargs.get("per_device_train_batch_size", 8))
-    if kwargs.get("gradient_checkpointing"):
+    options = SFTOptions.of(recipe.train.sft)
+    kwargs.setdefault("per_device_eval_batch_size", options.per_device_train_batch_size)
+    if options.gradient_checkpointing:
         kwargs.setdefault("gradient_checkpointing_kwargs", {"use_reentrant": False})
     kwargs.update(
         output_dir=str(trainer_dir(recipe, adapter)),
