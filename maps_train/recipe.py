@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from maps_train.config.names import plain_name_field, plain_name_keys, plain_name_problem
 from maps_train.config.typed import FieldError
+from maps_train.errors import ConfigError
 from maps_train.library_options import (
     GRPO_DEFAULTS,
     LORA_DEFAULTS,
@@ -142,6 +143,12 @@ def check_weight(value: float) -> float:
 def check_finite_positive(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise FieldError("", f"must be a finite number > 0, got {value!r}")
+    return value
+
+
+def check_guard_words(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or value < 1):
+        raise FieldError("", f"must be >= 1 or null, got {value!r}")
     return value
 
 
@@ -390,7 +397,7 @@ class RLRewardConfig:
     correctness: Literal["cover_em", "em", "f1"] = "em"
     # With Cover-EM an answer of more words than this scores 0: the gold inside a paragraph would otherwise count.
     # null: no guard (EM and F1 need none).
-    length_guard_words: int | None = 12
+    length_guard_words: int | None = field(default=12, metadata={"check": check_guard_words})
     correctness_weight: float = field(default=1.0, metadata={"check": check_weight})
     # the branch call's own output parsed against its role's schema
     format_weight: float = field(default=0.1, metadata={"check": check_weight})
@@ -407,6 +414,16 @@ class RLRewardConfig:
     # new, a consolidator's right stop-or-continue, the answer call's F1; 0 for every branch of a question
     # without gold passages, so it moves no advantage there.
     process_weight: float = field(default=0.5, metadata={"check": check_weight})
+
+    def __post_init__(self) -> None:
+        """Built in code (not from a recipe, whose loader runs the same checks naming the file): checked alike."""
+        for item in fields(self):
+            check = item.metadata.get("check")
+            if check is not None:
+                try:
+                    check(getattr(self, item.name))
+                except FieldError as err:
+                    raise ConfigError(f"rl.reward.{item.name}: {err.message}") from None
 
 
 @dataclass

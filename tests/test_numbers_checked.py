@@ -14,7 +14,7 @@ from maps_train import cli
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.plan.shapes import model_shape
 from maps_train.recipe import load_recipe
-from maps_train.rl.trainer import check_rl_config
+from maps_train.rl.checks import check_rl_config
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -189,7 +189,7 @@ def test_rl_into_the_sft_output_folder_is_refused_before_anything_loads(tmp_path
 
 
 def test_rl_refuses_a_checkpoint_folder_that_sft_training_marked(tmp_path):
-    from maps_train.rl.trainer import mark_folder
+    from maps_train.rl.layout import claim_folder
     from maps_train.train.sft import OUTPUT_MARKER
 
     folder = tmp_path / "_trainer" / "consolidator"
@@ -197,15 +197,15 @@ def test_rl_refuses_a_checkpoint_folder_that_sft_training_marked(tmp_path):
     (folder / OUTPUT_MARKER).write_text(json.dumps({"written_by": "maps-train", "adapter": "consolidator"}) + "\n")
     (folder / "checkpoint-3").mkdir()
     with pytest.raises(MapsTrainError) as err:
-        mark_folder(folder, "consolidator")
-    assert one_line(err) == (f"{folder}: holds another stage's output ({OUTPUT_MARKER} says 'maps-train'); set "
-                             "rl.output_dir to a folder of its own")
-    mark_folder(tmp_path / "rl" / "_trainer" / "consolidator", "consolidator")  # its own: made and marked
-    mark_folder(tmp_path / "rl" / "_trainer" / "consolidator", "consolidator")  # and written into again
+        claim_folder(folder, "consolidator")
+    assert one_line(err) == (f"{folder}: rl would write into it, but it holds another stage's output "
+                             f"({OUTPUT_MARKER} says 'maps-train'); set rl.output_dir to a folder of its own")
+    claim_folder(tmp_path / "rl" / "_trainer" / "consolidator", "consolidator")  # its own: made and marked
+    claim_folder(tmp_path / "rl" / "_trainer" / "consolidator", "consolidator")  # and written into again
 
 
 def test_rl_with_no_question_to_train_on_is_refused(tmp_path):
-    from maps_train.rl.trainer import load_rl_questions
+    from maps_train.rl.environment import load_rl_questions
 
     questions = tmp_path / "questions.jsonl"
     questions.write_text(json.dumps({"id": "q1", "question": "which?", "golden_answers": ["a"]}) + "\n")
@@ -216,7 +216,8 @@ def test_rl_with_no_question_to_train_on_is_refused(tmp_path):
 
 
 def test_an_rl_summary_of_no_step_is_not_finished(tmp_path):
-    from maps_train.rl.trainer import SUMMARY_FILE, is_finished, reward_settings, rl_adapter_dir
+    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir
+    from maps_train.rl.reward_settings import is_finished, reward_settings
 
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path / 'rl'}", "rl.roles=[consolidator]"])
     folder = rl_adapter_dir(recipe, "consolidator")

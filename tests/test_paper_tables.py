@@ -275,3 +275,20 @@ def test_gpqa_runs_at_qwens_32k_budget_in_a_suite_of_its_own(repo_root):
             route = recipe.route(role)
             assert (route.enable_thinking, route.max_tokens) == (True, 32768), (name, role)
             assert (route.temperature, route.top_p, route.top_k, route.min_p) == (0.6, 0.95, 20, 0.0), (name, role)
+
+
+def test_each_methods_roles_are_the_roles_its_calls_name():
+    """`departures` compares the routes of the roles a method calls, read from its engine (`roles`): every role a
+    call names (`role=...`) in the engine's module is declared, and every declared role is named there."""
+    import ast
+    import inspect
+
+    from maps_train.agents.registry import available_methods, engine_class, method_roles
+
+    for method in available_methods():
+        tree = ast.parse(inspect.getsource(inspect.getmodule(engine_class(method))))
+        named = {kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 for kw in node.keywords if kw.arg == "role" and isinstance(kw.value, ast.Constant)}
+        constants = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                     and isinstance(node.value, str)}
+        assert named <= set(method_roles(method)) <= constants, method

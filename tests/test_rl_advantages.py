@@ -105,7 +105,7 @@ def trl_advantages(tiny_qwen3: str, tmp_path, traces: list[TraceRecord], config_
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from maps_train.rl.trainer import build_grpo_config
+    from maps_train.rl.policy_model import build_grpo_config
 
     g = len(traces)
     recipe = load_recipe(None, [f"rl.num_generations={g}", f"rl.grpo.per_device_train_batch_size={g}",
@@ -156,14 +156,8 @@ def test_a_role_trained_under_other_reward_settings_is_refused_not_skipped(tmp_p
     import json
 
     from maps_train.errors import MapsTrainError
-    from maps_train.rl.trainer import (
-        SUMMARY_FILE,
-        is_finished,
-        record_reward_settings,
-        reward_settings,
-        rl_adapter_dir,
-        rl_trainer_dir,
-    )
+    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir, rl_trainer_dir
+    from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
 
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.1"])
     assert reward_settings(recipe)["reward"]["cost_weight"] == 0.1 and reward_settings(recipe)["scale_rewards"] == "none"
@@ -190,7 +184,7 @@ def test_the_policy_scores_without_dropout(tiny_qwen3, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from maps_train.rl.trainer import without_dropout
+    from maps_train.rl.policy_model import without_dropout
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3),
                            LoraConfig(r=4, lora_dropout=0.5, target_modules=["q_proj", "v_proj"],

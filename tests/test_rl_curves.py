@@ -13,7 +13,7 @@ from maps_train.cli import app
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.rl.curves import PANELS, metric_series, plot_rl_curves, read_log_history
-from maps_train.rl.trainer import curves_png, newest_trainer_state, plot_run_curves, rl_trainer_dir
+from maps_train.rl.layout import curves_png, newest_trainer_state, plot_run_curves, rl_trainer_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

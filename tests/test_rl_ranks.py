@@ -27,7 +27,7 @@ from test_rl_train import MAX_STEPS, REPO, WEIGHTS, lora_weights, vocabulary_wor
 from maps_train.errors import ConfigError
 from maps_train.platform import free_port
 from maps_train.recipe import load_recipe
-from maps_train.rl.trainer import check_rl_config
+from maps_train.rl.checks import check_rl_config
 from maps_train.train.adapter_check import check_adapter
 
 RANKS = 2

@@ -177,7 +177,7 @@ def test_cost_in_each_unit_hand_counted():
 
 
 def test_bad_cost_scale_and_guard_are_one_line_config_errors():
-    with pytest.raises(ConfigError, match=r"^rl\.reward\.cost_scale: must be > 0, got 0\.0$"):
+    with pytest.raises(ConfigError, match=r"^rl\.reward\.cost_scale: must be a finite number > 0, got 0\.0$"):
         cost_penalty(episode("Dijon"), reward(cost_scale=0.0))
     with pytest.raises(ConfigError, match=r"^rl\.reward\.cost_scale"):
         reward_functions(reward(cost_scale=-1.0), ["consolidator"])

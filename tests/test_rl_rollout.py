@@ -18,7 +18,7 @@ from maps_train.llm.common import call_spec, render_prompt
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe, route_for
-from maps_train.rl.policy import PolicyBackend
+from maps_train.rl.policy import ModelSampler, PolicyBackend, Sampling
 from maps_train.rl.rollout import BranchRollouts, LoggedCall, ReplayBackend, policy_router, trained_trace_roles
 
 G = 2
@@ -43,7 +43,8 @@ def make_rollouts(policy_model, seed: int = 0):
     recipe = load_recipe(None, ["agent.max_rounds=1", "agent.num_directions=2", "agent.top_k=2",
                                 "roles.default.max_tokens=64"])
     roles = trained_trace_roles(recipe, "consolidator")
-    policy = PolicyBackend(lambda: model, tokenizer, temperature=1.0, max_tokens=6, max_model_len=2048)
+    sampling = Sampling(temperature=1.0, max_tokens=6)
+    policy = PolicyBackend(ModelSampler(lambda: model, tokenizer, sampling), tokenizer, sampling, max_model_len=2048)
     environment = ScriptedBackend()
     router = policy_router(recipe, roles, policy, backends={"vllm": environment})
     rollouts = BranchRollouts(recipe, router, policy, RecordingRetriever(), roles, G, seed=seed)

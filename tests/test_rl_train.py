@@ -25,7 +25,9 @@ from test_train_scale import wait_for
 
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.recipe import load_recipe
-from maps_train.rl.trainer import check_rl_config, environment_recipe, mark_folder, with_rl_adapter
+from maps_train.rl.checks import check_rl_config
+from maps_train.rl.environment import environment_recipe, with_rl_adapter
+from maps_train.rl.layout import claim_folder
 from maps_train.train.adapter_check import check_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,10 +164,10 @@ def test_rl_never_writes_into_a_folder_it_did_not_make(tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     with pytest.raises(MapsTrainError, match="has no .written-by-maps-train"):
-        mark_folder(foreign, "consolidator")
+        claim_folder(foreign, "consolidator")
     assert (foreign / "notes.txt").read_text() == "keep me"
-    mark_folder(tmp_path / "fresh", "consolidator")
-    mark_folder(tmp_path / "fresh", "consolidator")  # ours: written into again (a resume)
+    claim_folder(tmp_path / "fresh", "consolidator")
+    claim_folder(tmp_path / "fresh", "consolidator")  # ours: written into again (a resume)
     assert (tmp_path / "fresh" / ".written-by-maps-train").is_file()
 
 

@@ -31,9 +31,10 @@ from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.llm.common import call_spec, render_prompt
 from maps_train.llm.types import ChatRequest
 from maps_train.recipe import load_recipe
+from maps_train.rl.checks import check_rl_config
+from maps_train.rl.policy import PolicyBackend, Sampling
 from maps_train.rl.rollout import BranchRollouts, policy_router, trained_trace_roles
-from maps_train.rl.trainer import check_rl_config
-from maps_train.rl.vllm_policy import VLLMPolicyBackend
+from maps_train.rl.vllm_policy import VLLMSampler
 from maps_train.train.adapter_check import check_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,9 +108,10 @@ def colocated(engine) -> SimpleNamespace:
     return SimpleNamespace(mode="colocate", llm=engine.llm)
 
 
-def vllm_policy(generation, tokenizer, max_tokens: int = 6) -> VLLMPolicyBackend:
-    return VLLMPolicyBackend(generation, tokenizer, [tokenizer.eos_token_id], temperature=1.0,
-                             max_tokens=max_tokens, max_model_len=2048)
+def vllm_policy(generation, tokenizer, max_tokens: int = 6) -> PolicyBackend:
+    sampling = Sampling(temperature=1.0, max_tokens=max_tokens)
+    return PolicyBackend(VLLMSampler(generation, [tokenizer.eos_token_id], sampling), tokenizer, sampling,
+                         max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +128,7 @@ def model_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> t
     return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
 
 
-def seeded(policy: VLLMPolicyBackend, seeds: list[int]):
+def seeded(policy: PolicyBackend, seeds: list[int]):
     """One call per seed, in one batch, through the backend's `generate`; returns the samples GRPO would train."""
     policy.samples.clear()
     policy.generate([ChatRequest(role="answer", messages=[{"role": "user", "content": "Name a town in a made-up "

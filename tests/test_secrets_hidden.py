@@ -94,7 +94,7 @@ def test_a_hub_token_in_train_sft_is_refused_and_written_nowhere(tmp_path, capsy
 
 
 def test_a_hub_token_in_rl_grpo_is_refused():
-    from maps_train.rl.trainer import build_grpo_config
+    from maps_train.rl.policy_model import build_grpo_config
 
     recipe = load_recipe(None, [f"rl.grpo.hub_token={TOKEN}"])
     with pytest.raises(ConfigError) as err:

@@ -126,9 +126,9 @@ def test_sft_and_lora_configs(tmp_path, sft_dir, monkeypatch):
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     # CPU: float32 weights; bf16 autocast only where the CPU has bf16 instructions, else float32 throughout.
     monkeypatch.setattr(sft, "cpu_multiplies_bf16", lambda: True)
-    assert sft.choose_precision(recipe.train) == sft.Precision(dtype="float32", bf16=True)
+    assert sft.choose_precision(recipe.train.sft.get("bf16"), recipe.train.dtype) == sft.Precision(dtype="float32", bf16=True)
     monkeypatch.setattr(sft, "cpu_multiplies_bf16", lambda: False)
-    precision = sft.choose_precision(recipe.train)
+    precision = sft.choose_precision(recipe.train.sft.get("bf16"), recipe.train.dtype)
     assert (precision.dtype, precision.bf16) == ("float32", False)
     args = sft.build_sft_config(recipe, "writer", precision)
     assert args.completion_only_loss is True and args.assistant_only_loss is False

@@ -181,6 +181,7 @@ class Engine:
     """Base of every method: subclasses implement `run_batch` and name the prompts they use."""
 
     method: ClassVar[str] = ""
+    roles: ClassVar[tuple[str, ...]] = ()  # the routes its calls take (departures compares them)
 
     def __init__(self, recipe: Recipe, backend: Backend, retriever: Retriever, prompts: PromptLibrary | None = None):
         self.recipe = recipe

@@ -105,6 +105,8 @@ def format_trajectory(history: list[tuple[RoundRecord, list[Hit]]], max_words: i
 
 @register_method("maps")
 class MapsEngine(Engine):
+    roles = ("proposer", "writer", "consolidator", "answer")  # the routes its calls take
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for name in ("num_directions", "max_rounds", "top_k"):

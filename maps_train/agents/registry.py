@@ -40,6 +40,11 @@ def available_methods() -> list[str]:
     return sorted(_ENGINES)
 
 
+def method_roles(name: str) -> tuple[str, ...]:
+    """The roles (routes) a method's calls take: its engine's `roles`."""
+    return tuple(engine_class(name).roles)
+
+
 def engine_class(name: str) -> type:
     if name not in _ENGINES:
         _load_engines()

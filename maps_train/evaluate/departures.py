@@ -14,16 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from maps_train.agents.registry import method_roles
 from maps_train.config.yaml_io import to_dict
 
-# The roles each method calls (maps_train/agents: the MAPS engine and the baselines' docstrings).
-METHOD_ROLES = {
-    "maps": ("proposer", "writer", "consolidator", "answer"),
-    "vanilla": ("generator",),
-    "search_o1": ("reasoner", "condenser"),
-    "parallel_search": ("reasoner",),
-    "s3": ("searcher", "generator"),
-}
 SPEED_ONLY = ("batch_size", "schedule", "concurrency")
 BACKEND_SETTINGS = ("max_model_len", "truncate_prompt", "reasoning_cap", "reasoning_cap_answer_tokens")
 RETRIEVAL_SETTINGS = ("corpus", "kind", "encoder", "index_type", "top_k", "query_prefix", "passage_prefix")
@@ -43,7 +36,7 @@ def compared_settings(recipe: Any) -> dict[str, Any]:
     """Dotted setting -> value, for every setting that decides what the recipe's method answers."""
     agent = {k: v for k, v in to_dict(recipe.agent).items() if k not in SPEED_ONLY}
     settings = _flat(agent, "agent")
-    for role in METHOD_ROLES.get(recipe.agent.method, ("default",)):
+    for role in method_roles(recipe.agent.method):
         route = to_dict(recipe.route(role))
         route.pop("backend")
         settings.update(_flat(route, f"roles.{role}"))
@@ -66,4 +59,4 @@ def departures(recipe: Any, reference: Any) -> list[str]:
             for key in keys if mine.get(key) != theirs.get(key)]
 
 
-__all__ = ["METHOD_ROLES", "compared_settings", "departures"]
+__all__ = ["compared_settings", "departures"]

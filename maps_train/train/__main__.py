@@ -38,7 +38,7 @@ import sys
 import time
 
 from maps_train.errors import MapsTrainError
-from maps_train.library_options import LoraOptions
+from maps_train.library_options import LoraOptions, SFTOptions
 from maps_train.platform import apply_runtime_defaults
 
 logger = logging.getLogger("maps_train.train")
@@ -59,7 +59,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     from transformers import set_seed
     from trl import SFTTrainer
 
-    from maps_train.train import callbacks, data, sft
+    from maps_train.train import callbacks, data, internals, sft
     from maps_train.train.adapter_check import require_valid_adapter
     from maps_train.train.lm_head import score_labelled_positions_only
 
@@ -87,7 +87,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     ###############
     # Trainer config (before the model, so ZeRO-3 can shard it as it loads)
     ###############
-    precision = sft.choose_precision(recipe.train)
+    precision = sft.choose_precision(SFTOptions.of(recipe.train.sft).bf16, recipe.train.dtype)
     training_args = sft.build_sft_config(recipe, adapter, precision, has_eval=eval_set is not None)
     set_seed(training_args.seed)
 
@@ -100,6 +100,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     ###############
     # Trainer (its fused LM head scoring completion positions only, on the CPU too)
     ###############
+    internals.check_trl_version()
     score_labelled_positions_only()
     trainer = SFTTrainer(
         model=model,

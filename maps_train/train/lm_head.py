@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 
+from maps_train.train import internals
+
 logger = logging.getLogger(__name__)
 
 _MARK = "_maps_train_compact_on_cpu"
@@ -27,14 +29,11 @@ _MARK = "_maps_train_compact_on_cpu"
 
 def score_labelled_positions_only() -> bool:
     """Make TRL's fused LM head project only labelled positions on the CPU; True when it now does (idempotent)."""
-    try:
-        import trl.trainer.utils as trl_utils
-    except ImportError:  # no TRL, no fused head to fix
-        return False
-    decide = getattr(trl_utils, "_use_triton", None)
-    if decide is None or not callable(decide):
-        logger.warning("trl %s has no trainer.utils._use_triton: its fused LM head may score prompt positions on "
-                       "the CPU too (correct, slower)", _trl_version())
+    decide = internals.trl_use_triton()
+    if decide is None:
+        if internals.trl_installed():
+            logger.warning("trl %s has no trainer.utils._use_triton: its fused LM head may score prompt positions "
+                           "on the CPU too (correct, slower)", _trl_version())
         return False
     if getattr(decide, _MARK, False):
         return True
@@ -44,17 +43,15 @@ def score_labelled_positions_only() -> bool:
 
     setattr(compact_on_cpu, _MARK, True)
     compact_on_cpu.original = decide  # type: ignore[attr-defined]
-    trl_utils._use_triton = compact_on_cpu
+    internals.set_trl_use_triton(compact_on_cpu)
     return True
 
 
 def restore() -> None:
     """Undo `score_labelled_positions_only()` (for tests comparing both)."""
-    import trl.trainer.utils as trl_utils
-
-    decide = getattr(trl_utils, "_use_triton", None)
+    decide = internals.trl_use_triton()
     if getattr(decide, _MARK, False):
-        trl_utils._use_triton = decide.original
+        internals.set_trl_use_triton(decide.original)
 
 
 def _trl_version() -> str:

@@ -27,10 +27,10 @@ from maps_train.platform import cpu_multiplies_bf16
 from maps_train.recipe import TRAINER_SUBDIR
 from maps_train.tracking import artifact_name, wandb_environment
 from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
+from maps_train.train.markers import OUTPUT_MARKER, SFT_WRITER, mark, marker_writer
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
 # In every folder training creates: `--overwrite` removes only folders that hold it (see `clear_adapter`).
-OUTPUT_MARKER = ".written-by-maps-train"
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +59,19 @@ def distributed_state():
     return PartialState(cpu=on_cpu())
 
 
-def choose_precision(train) -> Precision:
-    """GPU: bf16 when `train.sft.bf16`. CPU: float32 weights; bf16 autocast only when `train.sft.bf16` asks and
-    the CPU has bf16 instructions (`cpu_multiplies_bf16`), else float32 throughout (said once in the log)."""
-    bf16 = bool(SFTOptions.of(train.sft).bf16)
+def choose_precision(bf16: bool | None, dtype: str = "auto", section: str = "train.sft") -> Precision:
+    """GPU: bf16 when `<section>.bf16`. CPU: float32 weights; bf16 autocast only when it asks and the CPU has bf16
+    instructions (`cpu_multiplies_bf16`), else float32 throughout (said once in the log). `dtype`: the weights'
+    dtype at load time (`train.dtype`; auto: bfloat16 with bf16 on GPU, else float32)."""
+    bf16 = bool(bf16)
     if on_cpu():
         if bf16 and not cpu_multiplies_bf16():
-            logger.warning("train.sft.bf16: this CPU has no bf16 instructions (AVX512-BF16, AMX); training in float32")
+            logger.warning("%s.bf16: this CPU has no bf16 instructions (AVX512-BF16, AMX); training in float32",
+                           section)
             bf16 = False
-        return Precision(dtype="float32" if train.dtype == "auto" else train.dtype, bf16=bf16)
-    if train.dtype != "auto":
-        return Precision(dtype=train.dtype, bf16=bf16)
+        return Precision(dtype="float32" if dtype == "auto" else dtype, bf16=bf16)
+    if dtype != "auto":
+        return Precision(dtype=dtype, bf16=bf16)
     return Precision(dtype="bfloat16" if bf16 else "float32", bf16=bf16)
 
 
@@ -329,7 +331,11 @@ def check_writable(recipe, adapter: str) -> None:
     """Raise (one line) unless training may write into every folder it writes for `adapter`: absent, marked, ours
     from an earlier version, or an empty folder (not a link). Read-only, so every rank can run it."""
     for folder, parent, trainer_state in _output_dirs(recipe, adapter):
-        if (folder / OUTPUT_MARKER).is_file() and not folder.is_symlink():
+        writer = marker_writer(folder)
+        if writer not in (None, SFT_WRITER, "unknown"):  # RL's checkpoints: resuming from them would train from RL's policy
+            raise MapsTrainError(f"{folder}: training would write into it, but it holds another stage's output "
+                                 f"({OUTPUT_MARKER} says {writer!r}); set train.output_dir to a folder of its own")
+        if writer == SFT_WRITER:
             continue
         if folder.exists() or folder.is_symlink():
             problem = _removal_problem(folder, parent, adapter, trainer_state)
@@ -345,11 +351,7 @@ def mark_output_dirs(recipe, adapter: str) -> None:
     (nor a later `--overwrite` removes) a folder of someone else's files."""
     check_writable(recipe, adapter)
     for folder, _, _ in _output_dirs(recipe, adapter):
-        marker = folder / OUTPUT_MARKER
-        if marker.is_file() and not folder.is_symlink():
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"written_by": "maps-train", "adapter": adapter}) + "\n", encoding="utf-8")
+        mark(folder, SFT_WRITER, adapter=adapter)
 
 
 def prepare_output_dirs(recipe, adapter: str, overwrite: bool, state) -> None:

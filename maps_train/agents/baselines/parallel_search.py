@@ -137,6 +137,8 @@ def information_block(hit_lists: list[list[Hit]], max_words: int) -> str:
 
 @register_method("parallel_search")
 class ParallelSearchEngine(BaselineEngine):
+    roles = ("reasoner",)  # the routes its calls take
+
     def prompt_names(self) -> list[str]:
         return [PROMPT, "baselines/answer_tag_short", "baselines/answer_tag_choice"]
 

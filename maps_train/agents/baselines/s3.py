@@ -155,6 +155,8 @@ def generator_documents(hits: list[Hit], max_words: int) -> str:
 
 @register_method("s3")
 class S3Engine(BaselineEngine):
+    roles = ("searcher", "generator")  # the routes its calls take
+
     def prompt_names(self) -> list[str]:
         return [SEARCHER_PROMPT, GENERATOR_PROMPT, "baselines/answer_direct_short", "baselines/answer_direct_choice"]
 

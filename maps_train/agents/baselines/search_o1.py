@@ -141,6 +141,8 @@ def parse_condensed(text: str) -> Parsed:
 
 @register_method("search_o1")
 class SearchO1Engine(BaselineEngine):
+    roles = ("reasoner", "condenser")  # the routes its calls take
+
     def prompt_names(self) -> list[str]:
         return [REASONER_PROMPT, CONDENSER_PROMPT, "baselines/answer_boxed_short", "baselines/answer_boxed_choice"]
 

@@ -31,6 +31,8 @@ def parse_direct(text: str, letters: list[str] | None) -> Parsed:
 
 @register_method("vanilla")
 class VanillaRAGEngine(BaselineEngine):
+    roles = ("generator",)  # the routes its calls take
+
     def prompt_names(self) -> list[str]:
         return [PROMPT, "baselines/answer_direct_short", "baselines/answer_direct_choice"]
 

@@ -1,0 +1,93 @@
+"""What the recipe's types do not bound about an RL run, checked before any model loads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from maps_train.errors import ConfigError
+from maps_train.library_options import GRPOOptions
+from maps_train.recipe import Recipe, adapter_of_role, route_for
+from maps_train.rl.environment import environment_recipe
+from maps_train.rl.layout import launched_world_size
+from maps_train.rl.rollout import trained_trace_roles
+
+
+def check_rl_config(recipe: Recipe) -> None:
+    """What the recipe's types do not bound, before any model loads."""
+    rl = recipe.rl
+    if rl.rollout == "vllm":
+        check_vllm_rollout(GRPOOptions.of(rl.grpo))
+    if not rl.roles:
+        raise ConfigError("rl.roles: name at least one role to train (proposer, writer, consolidator)")
+    for field, other in (("train.output_dir", recipe.train.output_dir), ("rl.adapters_dir", rl.adapters_dir)):
+        if other and Path(rl.output_dir).expanduser().resolve() == Path(other).expanduser().resolve():
+            raise ConfigError(f"rl.output_dir: {rl.output_dir} is {field}, another stage's folder (its checkpoints "
+                              "would be resumed and its adapters overwritten); give rl a folder of its own")
+    adapters = [adapter_of_role(recipe).get(role) for role in rl.roles]
+    if len(set(adapters)) != len(adapters):
+        raise ConfigError(f"rl.roles: {rl.roles} train one adapter twice ({', '.join(map(str, adapters))})")
+    for role in rl.roles:
+        trained_trace_roles(recipe, role)
+    check_environment_per_rank(recipe, launched_world_size())
+    if not rl.temperature > 0:
+        raise ConfigError(f"rl.temperature: GRPO samples its rollouts, so it must be > 0, got {rl.temperature}")
+    check_grpo_numbers(rl.grpo)
+    grpo = GRPOOptions.of(rl.grpo)
+    batch = grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps
+    if batch % rl.num_generations:
+        raise ConfigError(f"rl.grpo.per_device_train_batch_size x gradient_accumulation_steps ({batch}) must be a "
+                          f"multiple of rl.num_generations ({rl.num_generations}): each process rolls out whole groups")
+
+
+def check_grpo_numbers(grpo: Mapping[str, Any]) -> None:
+    """rl.grpo's numbers as numbers, before TRL sees them: a NaN learning rate or a zero batch ended in tracebacks
+    deep in the Trainer, a negative beta trained away from the reference."""
+    for key, least, open_low in (("learning_rate", 0.0, True), ("beta", 0.0, False)):
+        value = grpo.get(key)
+        if value is None:
+            continue
+        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not finite or value < least or (open_low and value == least):
+            raise ConfigError(f"rl.grpo.{key}: must be a finite number {'>' if open_low else '>='} {least:g}, "
+                              f"got {value!r}")
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        value = grpo.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"rl.grpo.{key}: must be an integer >= 1, got {value!r}")
+
+
+def check_environment_per_rank(recipe: Recipe, world_size: int) -> None:
+    """Every rank builds the environment of its own episodes, and an in-process vLLM engine takes GPUs 0..tp-1
+    (`llm.pool`): with several ranks every rank's engine would start on GPU 0. Served adapters (server), hf routes
+    (on the rank's own device) and remote routes are per rank as they should be."""
+    if world_size <= 1:
+        return
+    environment = environment_recipe(recipe)
+    for role in recipe.rl.roles:
+        trained = set(trained_trace_roles(recipe, role))
+        engines = sorted(r for r in adapter_of_role(recipe) if r not in trained
+                         and route_for(environment.roles, r).backend == "vllm")
+        if engines and recipe.rl.environment == "distilled":
+            raise ConfigError(f"rl.environment: 'distilled' starts an in-process vLLM engine on each of the "
+                              f"{world_size} ranks, all on GPU 0; with several ranks use rl.environment: server "
+                              "(after `maps-train serve`) or recipe")
+        if engines:
+            raise ConfigError(f"roles: {', '.join(engines)} route to an in-process vLLM engine, which each of the "
+                              f"{world_size} ranks would start on GPU 0; with several ranks use rl.environment: "
+                              "server (after `maps-train serve`) or hf/openai routes")
+
+
+def check_vllm_rollout(grpo: GRPOOptions) -> None:
+    """What TRL's vLLM settings must be for MAPS episodes, which call the policy many times per step, each rank on
+    its own schedule (not in lockstep with the other ranks)."""
+    if grpo.vllm_enable_sleep_mode:
+        raise ConfigError("rl.grpo.vllm_enable_sleep_mode: not with rl.rollout: vllm (the MAPS episodes call the "
+                          "policy many times per step; TRL would put the engine to sleep after each call)")
+    if grpo.vllm_tensor_parallel_size != 1:
+        raise ConfigError("rl.grpo.vllm_tensor_parallel_size: must be 1 with rl.rollout: vllm (a tensor-parallel "
+                          "group generates in lockstep; each rank's MAPS episodes call the policy on their own)")
+    if grpo.vllm_mode not in ("colocate", "server"):
+        raise ConfigError(f"rl.grpo.vllm_mode: 'colocate' or 'server', got '{grpo.vllm_mode}'")
