@@ -345,7 +345,7 @@ def test_the_server_gets_the_gpu_share_the_plan_budgets(tmp_path, adapters_dir, 
     fraction. On vLLM-CPU the KV space is what counts, and the dry run says that instead."""
     import maps_train.serve.plan as serve_plan
     from maps_train.cli import app
-    from maps_train.plan.stages import serve_rows
+    from maps_train.plan.engines import serve_rows
     from maps_train.recipe import HardwareConfig
 
     cpu = CliRunner().invoke(app, ["serve", str(write_recipe(tmp_path, adapters_dir)), "--dry-run"])

@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
         """Memory per device and placement of every stage (index, engines, training per adapter, serving), before
         anything starts: a table and exit 0 when it all fits, else one line per thing that does not (exit 2)."""
         from maps_train.plan.preflight import machine_warnings
-        from maps_train.plan.stages import format_plan, make_plan
+        from maps_train.plan.rows import format_plan
+        from maps_train.plan.stages import make_plan
 
         check_machine_options(gpus, gpu_memory_gb, memory_gb)
         plan = make_plan(path, overrides or [], gpus, gpu_memory_gb, memory_gb)

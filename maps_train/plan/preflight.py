@@ -1,10 +1,11 @@
 """The plan of the one stage a command runs, checked before that command starts any engine or rank.
 
-`maps-train traces`, `train`, `serve`, `eval` and `rl` call `check_stage` first (maps_train/cli.py wraps them: the stage
-packages sit below the plan and cannot import it). The check uses the hardware the recipe states (`hardware:`,
-the user's own statement), so a refusal says how to state another machine or skip the check; where nvidia-smi
-shows fewer or smaller GPUs than stated, one warning line says so (`machine_warnings`). A model or corpus whose size is not at hand (not cached here, not shipped) never blocks: the run may be
-on a machine that has it, so one warning line and the command goes on. No torch or vLLM is imported.
+`maps-train traces`, `train`, `serve`, `eval` and `rl` each declare `--no-plan` (`no_plan_option`) and call
+`preflight` first in their body. The check uses the hardware the recipe states (`hardware:`, the user's own
+statement), so a refusal says how to state another machine or skip the check; where nvidia-smi shows fewer or
+smaller GPUs than stated, one warning line says so (`machine_warnings`). A model or corpus whose size is not at
+hand (not cached here, not shipped) never blocks: the run may be on a machine that has it, so one warning line and
+the command goes on. No torch or vLLM is imported.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from maps_train.errors import MapsTrainError
-from maps_train.plan.stages import Plan, agent_stage, plan_systems, rl_rows, serve_rows, suite_recipes, train_rows
+from maps_train.plan.engines import agent_stage, serve_rows
+from maps_train.plan.grpo import rl_rows
+from maps_train.plan.rows import Plan
+from maps_train.plan.stages import plan_systems, suite_recipes
+from maps_train.plan.training import train_rows
 
 NO_PLAN_ENV = "MAPS_TRAIN_NO_PLAN"  # set to 1: every stage skips the check (as --no-plan does)
 STAGES = ("traces", "train", "serve", "eval", "rl")
@@ -122,3 +129,16 @@ def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_confi
     machine = f"{hw.gpus} x {hw.gpu_memory_gb:g} GB GPU" if hw.gpus else f"CPUs only, {hw.memory_gb:g} GB host"
     raise MapsTrainError(f"{stage}: refused before anything started: {len(plan.problems)} problem(s) on the stated "
                          f"hardware ({machine}); {_how_to_override(stage)}")
+
+
+def no_plan_option() -> Any:
+    """The `--no-plan` option of every command that runs `preflight`."""
+    return typer.Option(False, "--no-plan", help="Skip the memory plan checked before anything starts (also "
+                        "MAPS_TRAIN_NO_PLAN=1), e.g. on hardware other than the recipe's hardware:.")
+
+
+def preflight(stage: str, path: str, overrides: list[str] | None, *, skip: bool,
+              accelerate_config: str | None = None, num_machines: int | None = None) -> None:
+    """`check_stage` for the command of `stage`: its warnings and refusals as lines on stderr."""
+    check_stage(stage, path, overrides or [], accelerate_config=accelerate_config, num_machines=num_machines,
+                skip=skip, warn=lambda line: typer.echo(line, err=True))

@@ -170,6 +170,24 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
                       distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib, env, memory)
 
 
+@dataclass(frozen=True)
+class ServerSize:
+    """What `maps-train serve` gives vLLM that sizes it, decided before any adapter exists: the base as the recipe
+    names it, the adapters it serves, `--max-lora-rank` (`planned_rank`), `--tensor-parallel-size` and
+    `--gpu-memory-utilization` (`server_memory_fraction`). `maps-train plan` sizes the server from this."""
+
+    base_model: str
+    adapters: int
+    max_lora_rank: int
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+
+
+def server_size(recipe: Recipe) -> ServerSize:
+    return ServerSize(recipe.serve.base_model or recipe.train.student, len(adapter_names(recipe)),
+                      planned_rank(recipe), recipe.serve.tensor_parallel_size, server_memory_fraction(recipe))
+
+
 def server_memory_fraction(recipe: Recipe) -> float:
     """The share of each GPU `maps-train serve` gives vLLM: `serve.gpu_memory_utilization`, else the backend's
     (vLLM's own default, 0.9, is never left to apply: the plan budgets this fraction)."""
