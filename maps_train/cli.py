@@ -1,15 +1,14 @@
 """The `maps-train` command: a thin layer over functions the tests call directly.
 
 Each stage package that has commands ships a `cli.py` with `register(app)`; only packages that provide one
-appear in `--help`. Every `MapsTrainError`, and every OSError (as its path and reason), is printed as one line
-on stderr with exit code 2.
+appear in `--help`. A command that starts engines or ranks (traces, train, serve, eval, rl) checks its own
+stage's memory plan first, in its own body (`plan.preflight.preflight`). Every `MapsTrainError`, and every
+OSError (as its path and reason), is printed as one line on stderr with exit code 2.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
-import inspect
 import sys
 
 import typer
@@ -62,41 +61,9 @@ def config_show(
     typer.echo(dump_yaml(redact_secrets(load_recipe(recipe, overrides or []))), nl=False)
 
 
-# The commands that start engines or ranks, and the argument naming the recipe or suite each reads: each runs
-# the plan of its own stage first (maps_train/plan/preflight.py). This layer wraps them because it is the only one
-# above both the stages and the plan.
-PREFLIGHT_COMMANDS = {"traces": "recipe", "train": "recipe", "serve": "recipe", "eval": "suite", "rl": "recipe"}
-
-
-def _with_preflight(stage: str, path_argument: str, command):
-    """`command` with a `--no-plan` option, running the plan of `stage` before its body."""
-
-    @functools.wraps(command)
-    def checked(*args, no_plan: bool = False, **kwargs):
-        from maps_train.plan.preflight import check_stage
-
-        check_stage(stage, kwargs[path_argument], kwargs.get("overrides") or [],
-                    accelerate_config=kwargs.get("accelerate_config"), num_machines=kwargs.get("num_machines"),
-                    skip=no_plan,
-                    warn=lambda line: typer.echo(line, err=True))
-        return command(*args, **kwargs)
-
-    signature = inspect.signature(command, eval_str=True)
-    no_plan = inspect.Parameter(
-        "no_plan", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-        default=typer.Option(False, "--no-plan", help="Skip the memory plan checked before anything starts "
-                             "(also MAPS_TRAIN_NO_PLAN=1), e.g. on hardware other than the recipe's hardware:."))
-    checked.__signature__ = signature.replace(parameters=[*signature.parameters.values(), no_plan])
-    checked.__annotations__ = {**command.__annotations__, "no_plan": bool}
-    return checked
-
-
 def _register_all() -> None:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(app)
-    for info in app.registered_commands:
-        if info.name in PREFLIGHT_COMMANDS:
-            info.callback = _with_preflight(info.name, PREFLIGHT_COMMANDS[info.name], info.callback)
 
 
 _register_all()

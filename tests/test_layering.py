@@ -36,7 +36,11 @@ def top_level(module: str) -> str | None:
 
 
 def owner(path: Path) -> str:
+    """The top-level module or package a file belongs to; a package's `cli.py` (its commands) belongs to the
+    command line, `cli`, the top layer: a stage command calls its own pre-flight (`plan.preflight`, above it)."""
     relative = path.relative_to(PACKAGE)
+    if len(relative.parts) == 2 and relative.name == "cli.py":
+        return "cli"
     return relative.parts[0] if len(relative.parts) > 1 else relative.stem
 
 

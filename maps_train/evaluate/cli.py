@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from maps_train.plan.preflight import no_plan_option, preflight
+
 
 def register(app: typer.Typer) -> None:
     @app.command("eval")
@@ -16,8 +18,10 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, help="Progress bars."),
         shard: str = typer.Option(None, "--shard", help="I/N: only shard I of N of every sample, written under "
                                   "OUT_DIR/shards/I-of-N (then `maps-train merge-shards OUT_DIR`)."),
+        no_plan: bool = no_plan_option(),
     ) -> None:
         """Run (or resume) the systems x data sets matrix of a suite, then write its tables and plots."""
+        preflight("eval", suite, overrides, skip=no_plan)
         from maps_train.evaluate.suite import run_suite
         from maps_train.records.shards import Shard
 

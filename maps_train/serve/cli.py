@@ -7,6 +7,8 @@ import time
 
 import typer
 
+from maps_train.plan.preflight import no_plan_option, preflight
+
 
 def register(app: typer.Typer) -> None:
     @app.command("serve")
@@ -19,8 +21,10 @@ def register(app: typer.Typer) -> None:
             False, "--adapters-later",
             help="Start before the adapters exist (LoRA slots, runtime loading on); `maps-train load-adapters` "
                  "loads them once trained."),
+        no_plan: bool = no_plan_option(),
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
+        preflight("serve", recipe, overrides, skip=no_plan)
         from maps_train.config.redaction import redact_secrets
         from maps_train.config.yaml_io import dump_yaml
         from maps_train.errors import MapsTrainError

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from maps_train.plan.preflight import no_plan_option, preflight
+
 # Never part of the traces artifact: run folders, and the SFT sets sft-data writes under the traces by default.
 TRACES_SKIPPED = ("wandb", "sft")
 
@@ -35,9 +37,11 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. traces.limit=100"),
         shard: str = typer.Option(None, "--shard", help="I/N: only shard I of N of the questions, written under "
                                   "<traces.out_dir>/shards/I-of-N (then `maps-train merge-shards`)."),
+        no_plan: bool = no_plan_option(),
     ) -> None:
         """Run MAPS with the teacher over traces.questions and record every role call (resumable); with
         traces.samples_per_question > 1, k seeded samples per question at traces.sample_temperature."""
+        preflight("traces", recipe, overrides, skip=no_plan)
         from maps_train.config.yaml_io import to_dict
         from maps_train.recipe import load_recipe
         from maps_train.records.shards import Shard

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from maps_train.plan.preflight import no_plan_option, preflight
+
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
@@ -34,8 +36,11 @@ def register(app: typer.Typer) -> None:
             None, "--main-process-port",
             help="The main machine's port, the same on every machine (default: the config's main_process_port; "
                  "one machine without either: a free port)."),
+        no_plan: bool = no_plan_option(),
     ) -> None:
         """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`."""
+        preflight("train", recipe, overrides, skip=no_plan, accelerate_config=accelerate_config,
+                  num_machines=num_machines)
         from maps_train.train.adapter_check import check_adapter
         from maps_train.train.launch import Machines, train_all
 
