@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from maps_train.plan.preflight import no_plan_option, preflight
+
 
 def register(app: typer.Typer) -> None:
     @app.command("rl")
@@ -12,8 +14,10 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. rl.grpo.max_steps=20"),
         plot_only: bool = typer.Option(False, "--plot-only", help="Only redraw <rl.output_dir>/curves-<role>.png "
                                        "from the run's saved trainer_state.json (no training)."),
+        no_plan: bool = no_plan_option(),
     ) -> None:
         """GRPO (TRL) on each role of rl.roles in turn; resumes from the newest checkpoint, skips finished roles."""
+        preflight("rl", recipe, overrides, skip=no_plan)
         from maps_train.recipe import load_recipe
         from maps_train.rl.layout import plot_run_curves
         from maps_train.rl.trainer import run_rl

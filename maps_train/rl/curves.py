@@ -21,7 +21,8 @@ from maps_train.plotting import pyplot
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("total reward (weighted)", (("reward", "reward"),)),
     ("reward parts (unweighted means)", (("rewards/correctness/mean", "correctness"), ("rewards/format/mean", "format"),
-                                         ("rewards/cost/mean", "cost"), ("rewards/evidence/mean", "evidence"))),
+                                         ("rewards/cost/mean", "cost"), ("rewards/evidence/mean", "evidence"),
+                                         ("rewards/process/mean", "process"))),
     ("Cover-EM per question", (("episode/cover_em", "Cover-EM"),)),
     ("rounds, retrievals per question", (("episode/rounds", "rounds"), ("episode/retrievals", "retrievals"))),
     ("tokens per question", (("episode/tokens", "tokens"),)),
