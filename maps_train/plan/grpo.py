@@ -26,7 +26,7 @@ from maps_train.plan.shapes import ModelShape, model_shape
 from maps_train.plan.training import StepSettings, change_that_fits
 from maps_train.recipe import HardwareConfig, Recipe
 from maps_train.rl.environment import environment_recipe, with_rl_adapter
-from maps_train.rl.rollout import policy_router, trained_trace_roles
+from maps_train.rl.rollout import policy_routes, trained_trace_roles
 
 
 @dataclass(frozen=True)
@@ -63,23 +63,17 @@ def grpo_rank(recipe: Recipe, hardware: HardwareConfig) -> GRPORank:
                     rl.max_completion_tokens, rl.init == "distilled" and float(grpo.beta) > 0)
 
 
-class _PolicyPlaceholder:
-    """Stands for the policy backend in `policy_router` (which reads only its name): the plan starts nothing."""
-
-    name = "planned"
-
-
 def environment_engines(recipe: Recipe) -> list[EngineSpec]:
     """The environment's in-process vLLM engines, as `maps-train rl` builds them: the routes of
     `environment_recipe` (`rl.environment` distilled: the student with its adapters at serve.tensor_parallel_size;
     recipe: the recipe's own routes; server: served, none here) with the trained role's calls sent to the policy
-    (`policy_router`). Roles train one after another, each closing its engines before the next: the role whose
+    (`policy_routes`). Roles train one after another, each closing its engines before the next: the role whose
     environment has the most engines, then the most LoRA slots, is planned."""
     concurrency = recipe.agent.concurrency or recipe.agent.batch_size
     environment, each_role = environment_recipe(recipe), []
     for role in recipe.rl.roles:
-        router = policy_router(environment, trained_trace_roles(environment, role), _PolicyPlaceholder())
-        each_role.append(engines_of_routes(router.routes, environment.backend, concurrency))
+        routes = policy_routes(environment, trained_trace_roles(environment, role), "planned")
+        each_role.append(engines_of_routes(routes, environment.backend, concurrency))
         environment = with_rl_adapter(environment, role)
     return max(each_role, key=lambda engines: (len(engines), sum(e.adapters for e in engines)), default=[])
 

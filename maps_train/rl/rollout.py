@@ -40,7 +40,7 @@ from maps_train.llm.budget import ReasoningCap
 from maps_train.llm.router import Router, engine_key, make_backend
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
-from maps_train.recipe import Recipe, adapter_of_role, route_for
+from maps_train.recipe import Recipe, RoleRoute, adapter_of_role, route_for
 from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
 from maps_train.rl.policy import PolicyBackend, PolicySample
@@ -57,15 +57,22 @@ def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
     return sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
 
 
-def policy_router(recipe: Recipe, trained_roles: Sequence[str], policy: PolicyBackend,
-                  backends: Mapping[str, Any] | None = None) -> Router:
-    """The recipe's router with the trained roles' routes served by `policy` (their thinking switch kept; the
-    policy decides the sampling). `backends`: ready environment backends by engine key or kind (tests)."""
+def policy_routes(recipe: Recipe, trained_roles: Sequence[str], policy_name: str) -> dict[str, RoleRoute]:
+    """The recipe's routes with the trained roles' sent to the policy (their thinking switch kept; the policy
+    decides the sampling): what an RL episode starts engines for (`maps-train plan` sizes the same)."""
     routes = dict(recipe.roles)
     for role in trained_roles:
         route = route_for(recipe.roles, role)
-        routes[role] = dataclasses.replace(route, backend="hf", model=f"rl-policy:{policy.name}", adapter=None,
+        routes[role] = dataclasses.replace(route, backend="hf", model=f"rl-policy:{policy_name}", adapter=None,
                                            structured=False)
+    return routes
+
+
+def policy_router(recipe: Recipe, trained_roles: Sequence[str], policy: PolicyBackend,
+                  backends: Mapping[str, Any] | None = None) -> Router:
+    """The recipe's router with the trained roles' routes served by `policy` (`policy_routes`). `backends`: ready
+    environment backends by engine key or kind (tests)."""
+    routes = policy_routes(recipe, trained_roles, policy.name)
     given = {**(backends or {}), engine_key(routes[trained_roles[0]]): policy}
     return Router(routes, backends=given, reasoning_cap=ReasoningCap.from_config(recipe.backend),
                   factory=lambda kind, model, shared: make_backend(kind, model, shared, recipe.backend))
