@@ -489,3 +489,23 @@ def test_the_shipped_suites_repeat_no_recipe_or_shared_override():
         recipes = {system.recipe for system in systems}
         # a recipe that every system uses is named once (under defaults:), not once per system
         assert not (len(systems) > 1 and len(recipes) == 1 and raw.count(f"recipe: {recipes.pop()}") > 1), path
+
+
+def test_a_system_replaces_one_distilled_adapter_and_keeps_the_others(tmp_path):
+    """`adapters:` (routes distilled): an adapter trained after SFT (RL's) serves its roles; the rest stay the
+    distilled ones; a name the recipe has no adapter of, or another kind of routes, is one line."""
+    from maps_train.evaluate.suite import apply_routes
+    from maps_train.recipe import load_recipe
+
+    recipe = load_recipe("recipes/demo/demo.yaml", [f"train.output_dir={tmp_path / 'sft'}"])
+    routed = apply_routes(recipe, "distilled", {"writer": str(tmp_path / "rl" / "writer")})
+    assert routed.roles["writer"].adapter == str(tmp_path / "rl" / "writer")
+    assert routed.roles["proposer"].adapter == str(tmp_path / "sft" / "proposer")
+    assert routed.roles["consolidator"].adapter == routed.roles["default"].adapter == str(tmp_path / "sft" / "consolidator")
+    plain = apply_routes(recipe, "distilled")
+    assert {role: r for role, r in plain.roles.items() if role != "writer"} == {
+        role: r for role, r in routed.roles.items() if role != "writer"}
+    with pytest.raises(ConfigError, match=r"^adapters: critic: not an adapter of the recipe"):
+        apply_routes(recipe, "distilled", {"critic": "x"})
+    with pytest.raises(ConfigError, match=r"^adapters: .* only with routes: distilled \(not recipe\)$"):
+        apply_routes(recipe, "recipe", {"writer": "x"})

@@ -81,6 +81,9 @@ class SystemSpec:
     # student base with one LoRA adapter per role on an offline vLLM engine; `distilled_server`: the same through a
     # running `maps-train serve` (backend.base_urls); `student_base`: every role on the student base, no adapters.
     routes: Literal["recipe", "distilled", "distilled_server", "student_base"] = "recipe"
+    # With routes `distilled`: adapter name -> the folder that replaces its distilled one, e.g. a stage trained
+    # after SFT ({writer: runs/x/rl/adapters/writer}); the other adapters stay the distilled ones.
+    adapters: dict[str, str] = field(default_factory=dict)
     note: str | None = None  # printed under the report's Cover-EM table (e.g. "prompted protocol, not RL-trained")
     # A reference recipe (the paper's): every answer-deciding setting where this system differs from it, run with
     # this system's method, is listed in `departures` when the suite runs and printed under the Cover-EM table.
@@ -153,14 +156,25 @@ def resolve_recipe_path(recipe: str, suite_path: Path, where: str) -> Path:
     raise ConfigError(f"{suite_path}: {where}: recipe '{recipe}' not found (relative to the working directory or the suite)")
 
 
-def apply_routes(recipe: Any, routes: str) -> Any:
-    """The recipe with the role routes a system asks for (see `SystemSpec.routes`)."""
+def apply_routes(recipe: Any, routes: str, adapters: dict[str, str] | None = None) -> Any:
+    """The recipe with the role routes a system asks for (see `SystemSpec.routes` and `SystemSpec.adapters`)."""
+    if adapters and routes != "distilled":
+        raise ConfigError(f"adapters: replaces distilled adapter folders, so only with routes: distilled (not {routes})")
     if routes == "recipe":
         return recipe
     if routes in ("distilled", "distilled_server"):
+        from maps_train.recipe import adapter_of_role
         from maps_train.serve import with_distilled_routes
 
-        return with_distilled_routes(recipe, via="engine" if routes == "distilled" else "server")
+        routed = with_distilled_routes(recipe, via="engine" if routes == "distilled" else "server")
+        unknown = sorted(set(adapters or {}) - set(adapter_of_role(recipe).values()))
+        if unknown:
+            raise ConfigError(f"adapters: {', '.join(unknown)}: not an adapter of the recipe "
+                              f"(its adapters: {', '.join(sorted(set(adapter_of_role(recipe).values())))})")
+        named = {**adapter_of_role(recipe), "default": adapter_of_role(recipe).get("consolidator")}
+        roles = {role: replace(route, adapter=(adapters or {}).get(named.get(role), route.adapter))
+                 for role, route in routed.roles.items()}
+        return replace(routed, roles=roles)
     template = recipe.route("default")
     student = replace(
         template,
@@ -177,7 +191,7 @@ def system_departures(spec: SystemSpec, index: int, suite_path: Path) -> list[st
     from maps_train.recipe import load_recipe
 
     path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
-    mine = apply_routes(load_recipe(str(path), spec.overrides), spec.routes)
+    mine = apply_routes(load_recipe(str(path), spec.overrides), spec.routes, spec.adapters)
     reference = resolve_recipe_path(spec.departs_from, suite_path, f"systems[{index}].departs_from")
     return departures(mine, load_recipe(str(reference), [f"agent.method={mine.agent.method}"]))
 
@@ -186,7 +200,7 @@ def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
     from maps_train.recipe import load_recipe
 
     path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
-    recipe = apply_routes(load_recipe(str(path), spec.overrides), spec.routes)
+    recipe = apply_routes(load_recipe(str(path), spec.overrides), spec.routes, spec.adapters)
     if spec.routes == "distilled":  # fail now, not when the engine loads the first adapter an hour in
         for role, route in recipe.roles.items():
             if route.adapter and not Path(route.adapter).is_dir():

@@ -62,7 +62,7 @@ def suite_recipes(path: Path, overrides: list[str]) -> tuple[Any, list[Recipe]]:
     recipes = []
     for index, spec in enumerate(suite.systems):
         recipe_path = resolve_recipe_path(spec.recipe, path, f"systems[{index}].recipe")
-        recipes.append(apply_routes(load_recipe(str(recipe_path), spec.overrides), spec.routes))
+        recipes.append(apply_routes(load_recipe(str(recipe_path), spec.overrides), spec.routes, spec.adapters))
     return suite, recipes
 
 
