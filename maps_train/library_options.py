@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from maps_train.config.typed import FieldError, check_dataclass_kwargs
 from maps_train.paths import home, write_text_atomic
@@ -188,14 +188,22 @@ def check_grpo_options(options: dict[str, Any]) -> dict[str, Any]:
     return check_section(GRPO, options, GRPO_RESERVED)
 
 
-def _resolved(cls: type, section: LibrarySection, options: Mapping[str, Any]) -> Any:
-    values = {**library_defaults(section), **options}
-    return cls(**{item.name: values.get(item.name) for item in dataclasses.fields(cls)})
+class ResolvedOptions:
+    """Options of one library section, each the recipe's value else the library's default (`of`)."""
+
+    section: ClassVar[LibrarySection]
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> Self:
+        values = {**library_defaults(cls.section), **options}
+        return cls(**{item.name: values.get(item.name) for item in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
-class SFTOptions:
+class SFTOptions(ResolvedOptions):
     """The `train.sft` options maps-train reads (plan, sft-data, the trainer's precision), library defaults under."""
+
+    section: ClassVar[LibrarySection] = SFT
 
     max_length: int | None
     per_device_train_batch_size: int
@@ -203,28 +211,24 @@ class SFTOptions:
     gradient_checkpointing: bool
     bf16: bool | None
 
-    @classmethod
-    def of(cls, sft: Mapping[str, Any]) -> SFTOptions:
-        return _resolved(cls, SFT, sft)
-
 
 @dataclass(frozen=True)
-class LoraOptions:
+class LoraOptions(ResolvedOptions):
     """The `train.lora` options maps-train reads (plan, serve's max LoRA rank, the W&B summary)."""
+
+    section: ClassVar[LibrarySection] = LORA
 
     r: int
     lora_alpha: int
     lora_dropout: float
     target_modules: str | list[str] | None
 
-    @classmethod
-    def of(cls, lora: Mapping[str, Any]) -> LoraOptions:
-        return _resolved(cls, LORA, lora)
-
 
 @dataclass(frozen=True)
-class GRPOOptions:
+class GRPOOptions(ResolvedOptions):
     """The `rl.grpo` options maps-train reads (plan, the trainer's checks, the recorded reward settings)."""
+
+    section: ClassVar[LibrarySection] = GRPO
 
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
@@ -238,7 +242,3 @@ class GRPOOptions:
     vllm_max_model_length: int | None
     vllm_enable_sleep_mode: bool
     vllm_tensor_parallel_size: int
-
-    @classmethod
-    def of(cls, grpo: Mapping[str, Any]) -> GRPOOptions:
-        return _resolved(cls, GRPO, grpo)
