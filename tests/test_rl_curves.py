@@ -19,11 +19,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def logged_step(step: int, cover_em: float, rounds: float) -> dict:
-    """One GRPO logging row with the keys TRL 1.16 and maps_train.rl.trainer log (values made up)."""
+    """One GRPO logging row with the keys TRL 1.16 and maps_train.rl.rollout_func log (values made up; the keys
+    are those of runs/learning-study/rl's trainer_state.json)."""
     cost = -rounds
     return {"step": step, "epoch": step / 10, "loss": 0.01, "reward": cover_em + 0.1 * cost + 0.1,
             "reward_std": 0.3, "rewards/correctness/mean": cover_em, "rewards/format/mean": 1.0,
-            "rewards/cost/mean": cost, "rewards/evidence/mean": 0.5, "kl": 0.001 * step, "entropy": 2.0,
+            "rewards/cost/mean": cost, "rewards/evidence/mean": 0.5, "rewards/process/mean": 0.25,
+            "kl": 0.001 * step, "entropy": 2.0,
             "completions/mean_length": 40.0, "frac_reward_zero_std": 0.0, "episode/cover_em": cover_em,
             "episode/rounds": rounds, "episode/retrievals": 2 * rounds, "episode/tokens": 3000.0 - 100 * step}
 
