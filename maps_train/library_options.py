@@ -16,6 +16,7 @@ it never uses. So the library's verdict on a section, and its defaults, are kept
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -133,6 +134,7 @@ def remembered(section: LibrarySection, what: str, payload: Any, compute: Callab
     return value
 
 
+@functools.cache  # every `*Options.of` reads them: once a process (read-only to callers), then from the memo
 def library_defaults(section: LibrarySection) -> dict[str, Any]:
     """Every field of the library's dataclass whose default JSON can hold, as the library declares it."""
 

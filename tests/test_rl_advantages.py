@@ -86,7 +86,7 @@ def test_process_and_format_score_the_branch_call_itself():
 
 
 def test_each_part_is_computed_once_a_batch():
-    functions, _ = reward_functions(RLRewardConfig(), ["consolidator", "answer"])
+    functions = reward_functions(RLRewardConfig(), ["consolidator", "answer"])
     traces, questions = [episode("Dijon").to_dict()] * 2, [question(["Dijon"]).to_dict()] * 2
     for function in functions:
         function(completions=["c", "c"], trace=traces, question=questions)
@@ -111,7 +111,7 @@ def trl_advantages(tiny_qwen3: str, tmp_path, traces: list[TraceRecord], config_
     recipe = load_recipe(None, [f"rl.num_generations={g}", f"rl.grpo.per_device_train_batch_size={g}",
                                 f"rl.output_dir={tmp_path}", "rl.roles=[consolidator]", *config_overrides])
     args = build_grpo_config(recipe, "consolidator", bf16=False, wandb_on=False)
-    funcs, _ = reward_functions(recipe.rl.reward, ["consolidator", "answer"])
+    funcs = reward_functions(recipe.rl.reward, ["consolidator", "answer"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     tokenizer.padding_side = "left"
 

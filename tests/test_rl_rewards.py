@@ -26,6 +26,7 @@ from maps_train.rl.rewards import (
     format_share,
     reward_functions,
     reward_parts,
+    reward_weights,
 )
 
 
@@ -260,7 +261,7 @@ def test_wrappers_return_one_float_per_completion_in_order():
     traces = [as_json(episode("Dijon")), as_json(quiet), as_json(episode("Paris"))]
     questions = [as_json(short_question(["Dijon"], gold)), as_json(short_question(["Dijon"], qid="q2")),
                  as_json(short_question(["Dijon"], gold))]
-    functions, weights = reward_functions(config, ["consolidator", "answer"])
+    functions, weights = reward_functions(config, ["consolidator", "answer"]), reward_weights(config)
     assert [get_callable_name(f) for f in functions] == list(PARTS)  # what TRL logs under rewards/<name>/mean
     assert weights == [1.0, 0.1, 0.05, 0.2, 0.5]
     by_part = {f.__name__: trl_call(f, traces, questions) for f in functions}
@@ -279,7 +280,7 @@ def test_wrappers_return_one_float_per_completion_in_order():
 
 
 def test_wrappers_refuse_bad_rollout_fields_in_one_line():
-    functions, _ = reward_functions(reward(), ["consolidator"])
+    functions = reward_functions(reward(), ["consolidator"])
     correctness_reward = functions[0]
     traces, questions = [as_json(episode("Dijon"))], [as_json(short_question(["Dijon"]))]
     with pytest.raises(MapsTrainError, match=r"^reward correctness: TRL passed no 'trace' list"):

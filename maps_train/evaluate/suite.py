@@ -167,11 +167,12 @@ def apply_routes(recipe: Any, routes: str, adapters: dict[str, str] | None = Non
         from maps_train.serve import with_distilled_routes
 
         routed = with_distilled_routes(recipe, via="engine" if routes == "distilled" else "server")
-        unknown = sorted(set(adapters or {}) - set(adapter_of_role(recipe).values()))
+        of_role = adapter_of_role(recipe)
+        unknown = sorted(set(adapters or {}) - set(of_role.values()))
         if unknown:
             raise ConfigError(f"adapters: {', '.join(unknown)}: not an adapter of the recipe "
-                              f"(its adapters: {', '.join(sorted(set(adapter_of_role(recipe).values())))})")
-        named = {**adapter_of_role(recipe), "default": adapter_of_role(recipe).get("consolidator")}
+                              f"(its adapters: {', '.join(sorted(set(of_role.values())))})")
+        named = {**of_role, "default": of_role.get("consolidator")}
         roles = {role: replace(route, adapter=(adapters or {}).get(named.get(role), route.adapter))
                  for role, route in routed.roles.items()}
         return replace(routed, roles=roles)

@@ -54,7 +54,9 @@ def check_grpo_numbers(grpo: Mapping[str, Any]) -> None:
             raise ConfigError(f"rl.grpo.{key}: must be a finite number {'>' if open_low else '>='} {least:g}, "
                               f"got {value!r}")
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        value = grpo.get(key, 1)
+        if key not in grpo:
+            continue  # TRL's default
+        value = grpo[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"rl.grpo.{key}: must be an integer >= 1, got {value!r}")
 

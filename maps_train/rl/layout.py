@@ -14,7 +14,6 @@ SUMMARY_FILE = "rl_summary.json"  # in each RL adapter's folder (written last: f
 ADAPTERS_SUBDIR = "adapters"
 
 
-
 def adapter_of(recipe: Recipe, role: str) -> str:
     return adapter_of_role(recipe)[role]
 

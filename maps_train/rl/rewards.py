@@ -306,11 +306,10 @@ def reward_functions(
     config: RLRewardConfig,
     trained_roles: Sequence[str],
     passages: Mapping[str, PassageText] | None = None,
-) -> tuple[list[Callable[..., list[float]]], list[float]]:
-    """GRPOTrainer's `reward_funcs` (one per part, in `PARTS` order) and `GRPOConfig.reward_weights` for them."""
+) -> list[Callable[..., list[float]]]:
+    """GRPOTrainer's `reward_funcs`, one per part in `PARTS` order (their weights: `reward_weights`)."""
     shared = PartsOnce(config, trained_roles, passages)
-    functions = [RewardPart(part, config, trained_roles, passages, shared) for part in PARTS]
-    return functions, reward_weights(config)
+    return [RewardPart(part, config, trained_roles, passages, shared) for part in PARTS]
 
 
 __all__ = [

@@ -105,7 +105,7 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     model, peft_config = load_policy_model(recipe, role, precision.dtype)
     trained_roles = trained_trace_roles(recipe, role)
     retrieved = HitLog(retriever)  # the evidence reward matches golds by title and text against these
-    funcs, _ = reward_functions(recipe.rl.reward, trained_roles, retrieved.passages)
+    funcs = reward_functions(recipe.rl.reward, trained_roles, retrieved.passages)
     rollouts = MapsRollouts(recipe, role, {q.id: q for q in questions}, retrieved, environment_backends)
     with vllm_kernel_scan_guard(), colocated_engine_dtype(recipe, args):
         trainer = GRPOTrainer(

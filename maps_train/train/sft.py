@@ -30,7 +30,6 @@ from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, c
 from maps_train.train.markers import OUTPUT_MARKER, SFT_WRITER, mark, marker_writer
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
-# In every folder training creates: `--overwrite` removes only folders that hold it (see `clear_adapter`).
 
 logger = logging.getLogger(__name__)
 
