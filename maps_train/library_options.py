@@ -244,3 +244,4 @@ class GRPOOptions(ResolvedOptions):
     vllm_max_model_length: int | None
     vllm_enable_sleep_mode: bool
     vllm_tensor_parallel_size: int
+    vllm_importance_sampling_correction: bool

@@ -446,6 +446,11 @@ class RLConfig:
     environment: Literal["distilled", "server", "recipe"] = "distilled"
     rollout: Literal["hf", "vllm"] = "hf"  # who generates the trained roles' tokens: the trainer's own model
     # (transformers) or TRL's vLLM engine, its weights synced each step (rl.grpo.vllm_mode: colocate or server)
+    # How the policy's calls are drawn. "deployed": the branch call sampled at rl.temperature under its role's
+    # schema where the deployed route enforces one, every other call of the policy (the pilot's, a branch's later
+    # ones) decoded as deployed (greedy, schema), so a branch's reward is its branch call's. "free": every call
+    # sampled at rl.temperature without a schema (before this option existed).
+    decoding: Literal["deployed", "free"] = "deployed"
     seed: int = 0
     reward: RLRewardConfig = field(default_factory=RLRewardConfig)
     grpo: dict[str, Any] = field(default_factory=dict, metadata={"check": check_grpo_options})

@@ -38,13 +38,14 @@ def policy_model(tiny_qwen3, make_lora_adapters):
     return model, AutoTokenizer.from_pretrained(tiny_qwen3)
 
 
-def make_rollouts(policy_model, seed: int = 0):
+def make_rollouts(policy_model, seed: int = 0, decoding: str = "free", max_rounds: int = 1, max_tokens: int = 6):
     model, tokenizer = policy_model
-    recipe = load_recipe(None, ["agent.max_rounds=1", "agent.num_directions=2", "agent.top_k=2",
-                                "roles.default.max_tokens=64"])
+    recipe = load_recipe(None, [f"agent.max_rounds={max_rounds}", "agent.num_directions=2", "agent.top_k=2",
+                                "roles.default.max_tokens=64", f"rl.decoding={decoding}"])
     roles = trained_trace_roles(recipe, "consolidator")
-    sampling = Sampling(temperature=1.0, max_tokens=6)
-    policy = PolicyBackend(ModelSampler(lambda: model, tokenizer, sampling), tokenizer, sampling, max_model_len=2048)
+    sampling = Sampling(temperature=1.0, max_tokens=max_tokens)
+    policy = PolicyBackend(ModelSampler(lambda: model, tokenizer), tokenizer, sampling, max_model_len=2048,
+                           decoding=decoding)
     environment = ScriptedBackend()
     router = policy_router(recipe, roles, policy, backends={"vllm": environment})
     rollouts = BranchRollouts(recipe, router, policy, RecordingRetriever(), roles, G, seed=seed)
@@ -152,3 +153,82 @@ def test_the_passages_a_rollout_retrieved_let_golds_known_by_text_be_found():
     gold = [GoldPassage(None, "Paris", "Paris is the capital and largest city of France.")]  # no corpus id
     assert evidence_recall(gold, [hit.id for hit in hits[0]], log.passages) == 1.0
     assert evidence_recall(gold, [hit.id for hit in hits[0]], {}) == 0.0  # what the reward saw without them
+
+
+def test_only_calls_that_can_change_the_outcome_are_branch_points():
+    from maps_train.rl.rollout import decisive_calls
+
+    roles = ["proposer", "writer", "writer", "consolidator", "proposer", "writer", "consolidator", "answer"]
+    calls = [LoggedCall(ChatRequest(role=role, messages=[]), Completion(text="")) for role in roles]
+    # At the last round the search stops whatever the consolidator says: its call is no branch point.
+    assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=2) == [3, 7]
+    assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=3) == [3, 6, 7]
+    assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=1) == [7]
+    assert decisive_calls(calls, {"writer"}, max_rounds=2) == [1, 2, 5]  # every sub-query decides what is found
+
+
+def test_deployed_decoding_samples_the_branch_call_under_its_schema_and_decodes_the_rest_as_deployed(policy_model):
+    from maps_train.agents.outputs import answer_schema, consolidation_schema
+    from maps_train.rl.grammar import JsonGrammars
+    from maps_train.rl.rollout import PILOT, branch_id
+
+    model, tokenizer = policy_model
+    max_rounds = 2
+    recipe, branch_rollouts, _ = make_rollouts(policy_model, decoding="deployed", max_rounds=max_rounds,
+                                               max_tokens=24)
+    rollouts = branch_rollouts.run(QUESTIONS, step=0)
+    assert model.training
+    policy = branch_rollouts.policy
+    grammars = JsonGrammars(tokenizer, model.config.vocab_size)
+    schemas = {"consolidator": consolidation_schema(), "answer": answer_schema()}
+    route = route_for(recipe.roles, "consolidator")
+    assert route.structured and route.temperature == 0  # the deployed route: schema, greedy
+
+    pilots = [s for q in QUESTIONS for s in policy.samples_of(branch_id(q.id, PILOT))]
+    assert pilots and not any(s.sampled for s in pilots) and all(s.constrained for s in pilots)
+    continued = 0
+    for rollout in rollouts:
+        branch, *later = policy.samples_of(rollout.question.id)
+        assert branch is rollout.sample and branch.sampled and branch.constrained
+        calls = [c for c in rollout.trace.all_calls() if c.role in ("consolidator", "answer")]
+        assert len(later) == len(calls) - rollout.branch_call - 1  # every later call of the trained roles...
+        assert not any(s.sampled for s in later) and all(s.constrained for s in later)  # ...decoded as deployed
+        continued += len(later)
+        call = calls[rollout.branch_call]
+        if rollout.trace.num_rounds == max_rounds:  # never the last round's consolidator
+            assert call is not [c for c in rollout.trace.rounds[-1].calls if c.role == "consolidator"][0]
+        assert call.usage.constrained and call.usage.temperature == 1.0
+        assert all(c.usage.constrained and c.usage.temperature == 0 for c in calls[rollout.branch_call + 1:])
+        # Every sampled token is one the role's grammar allows, compiled as the deployed vLLM route compiles it...
+        matcher = grammars.matcher(schemas[call.role])
+        assert all(matcher.accept_token(token) for token in branch.completion_ids)
+        # ...and they are what the model samples under xgrammar's own logits processor with the call's seed.
+        with torch.random.fork_rng():
+            torch.manual_seed(call.usage.seed)
+            model.eval()
+            with torch.no_grad():
+                again = model.generate(input_ids=torch.tensor([branch.prompt_ids]), do_sample=True, temperature=1.0,
+                                       top_p=1.0, top_k=0, max_new_tokens=24,
+                                       logits_processor=[grammars.processor(schemas[call.role])])
+            model.train()
+        assert branch.completion_ids == again[0, len(branch.prompt_ids):].tolist()[: len(branch.completion_ids)]
+        # The log-probabilities are the model's unmasked ones at the temperature: what TRL scores.
+        with torch.no_grad():
+            model.eval()
+            logits = model(torch.tensor([branch.prompt_ids + branch.completion_ids])).logits[0]
+            model.train()
+        expected = torch.log_softmax(logits[len(branch.prompt_ids) - 1 : -1], -1)
+        expected = expected.gather(1, torch.tensor(branch.completion_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(branch.logprobs), expected, atol=1e-4)
+    assert continued > 0  # some branch point came before the answer
+    for q in QUESTIONS:  # one prompt per group, G samples of it
+        group = [r for r in rollouts if r.source_id == q.id]
+        assert len({tuple(r.sample.prompt_ids) for r in group}) == 1
+        assert len({tuple(r.sample.completion_ids) for r in group}) > 1
+
+
+def test_free_decoding_samples_every_policy_call_without_a_schema(policy_model):
+    _, branch_rollouts, _ = make_rollouts(policy_model, decoding="free", max_rounds=2)
+    branch_rollouts.run(QUESTIONS[:1], step=0)
+    samples = branch_rollouts.policy.samples
+    assert samples and all(s.sampled and not s.constrained for s in samples)

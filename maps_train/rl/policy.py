@@ -2,15 +2,24 @@
 
 `PolicyBackend.generate(requests, routes)` is a `Backend` the router can hold for the trained adapter's roles. It
 renders each request exactly as the project's transformers backend does (`llm.common.call_spec` and
-`fit_request`: the same chat template, thinking switch and shrinking), samples at `rl.temperature` (at most
-`rl.max_completion_tokens` new tokens) through its sampler, and records for every call what GRPO needs: the
-prompt token ids the model saw, the ids it generated, and their log-probabilities at that temperature (TRL scores
-the same tokens with `logits / temperature`). The completions it returns look like any backend's (token counts,
-thinking split off, finish reason), so the MAPS engine books their cost and parses them as usual.
+`fit_request`: the same chat template, thinking switch and shrinking), draws it through its sampler (the branch
+call sampled at `rl.temperature`, at most `rl.max_completion_tokens` new tokens; under `rl.decoding: deployed`
+every other call decoded as its route deploys it), and records for every call what GRPO needs: the prompt token
+ids the model saw, the ids it generated, and their log-probabilities at that temperature (TRL scores the same
+tokens with `logits / temperature`). The completions it returns look like any backend's (token counts, thinking
+split off, finish reason), so the MAPS engine books their cost and parses them as usual.
 
 The sampler draws the tokens: `ModelSampler`, the model the trainer holds NOW (`model_of()`: TRL's model, PEFT
 adapter active, put in eval mode for the call and back after), or `maps_train.rl.vllm_policy.VLLMSampler`, TRL's
-vLLM engine or server. Both take the same `Sampling`.
+vLLM engine or server. Both draw each row as its `CallSpec` says: temperature (0: greedy), top_p, max_tokens,
+seed, and the role's JSON schema when the route enforces one.
+
+Under a schema the tokens come from the model's distribution masked to the grammar, while TRL scores them with the
+unmasked one (it knows no grammar): the log-probabilities recorded are the unmasked ones, so they are what TRL
+computes for the same tokens. The tokens the grammar forces on every branch alike (the schema's keys, after the
+same prefix) carry advantages that sum to zero over the group (`scale_rewards: none`: reward minus the group's
+mean), so they move nothing; what moves is where the branches chose differently inside the grammar, and the
+deployed agent decodes greedily under the same mask, so what GRPO raises there is what it emits.
 
 Seeds: as in `llm.hf_backend` (its `seeded_rng`), every sampled row runs alone under `torch.manual_seed(seed)`
 inside `torch.random.fork_rng`, so a row's tokens depend on its seed and prompt only, never on its batch mates, and the
@@ -50,6 +59,8 @@ class PolicySample:
     prompt_ids: list[int]
     completion_ids: list[int]  # every generated token, the end-of-turn token included when it came
     logprobs: list[float]  # log p(token) under softmax(logits / temperature), one per completion id
+    sampled: bool = True  # drawn at the policy's temperature (False: decoded greedy, as deployed)
+    constrained: bool = False  # drawn under its role's JSON grammar
 
 
 @dataclass
@@ -82,56 +93,78 @@ class Sampler(Protocol):
 
 
 class ModelSampler:
-    """Samples with the trainer's current model (transformers `generate`), one row at a time under its own seed."""
+    """Draws with the trainer's current model (transformers `generate`), one row at a time under its own seed, each
+    row as its spec says: sampled at its temperature (> 0) or greedy (0), under its JSON schema's grammar when it
+    has one (`maps_train.rl.grammar`: compiled as the deployed vLLM route compiles it)."""
 
-    def __init__(self, model_of: Callable[[], Any], tokenizer: Any, sampling: Sampling):
+    def __init__(self, model_of: Callable[[], Any], tokenizer: Any):
         self.model_of = model_of
         self.tokenizer = tokenizer
-        self.sampling = sampling
+        self._grammars = None
 
     def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
-        """Sample every prompt with the trainer's current model, one row at a time under its own seed."""
+        """Draw every prompt with the trainer's current model, one row at a time under its own seed."""
         model = self.model_of()
         was_training = model.training
         model.eval()  # no LoRA dropout while sampling: the tokens come from the policy TRL then scores
         try:
-            return [self._draw_one(model, ids, spec.seed) for ids, spec in zip(prompts, specs)]
+            return [self._draw_one(model, ids, spec) for ids, spec in zip(prompts, specs)]
         finally:
             if was_training:
                 model.train()
 
-    def _draw_one(self, model: Any, prompt: list[int], seed: int | None) -> Drawn:
+    def _draw_one(self, model: Any, prompt: list[int], spec: CallSpec) -> Drawn:
         import torch
 
         device = next(model.parameters()).device
         input_ids = torch.tensor([prompt], device=device)
-        gen = self.generation_config(model)
+        gen = self.generation_config(model, spec)
+        processors = [self.grammars(model).processor(spec.json_schema)] if spec.json_schema is not None else None
         start = time.perf_counter()
-        with seeded_rng(seed, device), torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen)
+        with seeded_rng(None if spec.greedy else spec.seed, device), torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen,
+                                 logits_processor=processors)
         latency = time.perf_counter() - start
         new, finish = cut_at_eos(out.sequences[0, len(prompt):].tolist(), gen.eos_token_id)
-        logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / self.sampling.temperature
+        # The model's own log-probabilities (`output_logits`: before the grammar's mask), at the temperature the row
+        # was drawn at: what TRL scores the same tokens with. A greedy row's (never trained on) at temperature 1.
+        logits = torch.stack(out.logits, dim=1)[0, : len(new)].float() / (spec.temperature or 1.0)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new, device=device)[:, None])[:, 0]
         return Drawn(new, logprobs.tolist(), finish, latency)
 
-    def generation_config(self, model: Any):
-        """Plain sampling at the policy's temperature and top_p: no top-k or repetition penalty from the model's
-        own generation config, which would make the tokens come from another distribution than TRL scores."""
+    def grammars(self, model: Any):
+        if self._grammars is None:
+            from maps_train.rl.grammar import JsonGrammars
+
+            self._grammars = JsonGrammars(self.tokenizer, model.config.vocab_size)
+        return self._grammars
+
+    def generation_config(self, model: Any, spec: CallSpec):
+        """Plain sampling at the row's temperature and top_p, or greedy: no top-k or repetition penalty from the
+        model's own generation config, which would make the tokens come from another distribution than TRL scores."""
         from transformers import GenerationConfig
 
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
-        return GenerationConfig(do_sample=True, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0,
-                                max_new_tokens=self.sampling.max_tokens, eos_token_id=eos, return_dict_in_generate=True,
+        sampled = not spec.greedy
+        return GenerationConfig(do_sample=sampled, temperature=spec.temperature if sampled else None,
+                                top_p=spec.top_p if sampled else None, top_k=0 if sampled else None,
+                                max_new_tokens=spec.max_tokens, eos_token_id=eos, return_dict_in_generate=True,
                                 output_logits=True,
                                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
 
 
-
 class PolicyBackend:
-    """A backend over the policy being trained; every call it answers is kept in `samples`, in order."""
+    """A backend over the policy being trained; every call it answers is kept in `samples`, in order.
+
+    `decoding` says how its calls are drawn (`rl.decoding`):
+    - "free": every call sampled at the policy's `Sampling`, as its route renders it (the policy's routes then
+      carry no schema);
+    - "deployed": an episode named in `explore` has its NEXT call sampled at the policy's `Sampling` (the branch
+      call GRPO trains on), under the route's schema when the deployed route enforces one; every other call is
+      decoded exactly as the route deploys it (its temperature, top_p, max_tokens and seed: greedy for the
+      project's roles), so a branch's reward depends on the branch call and not on later sampling luck."""
 
     kind = "policy"
     concurrent = False  # one generate() at a time (a torch model in this process)
@@ -144,13 +177,18 @@ class PolicyBackend:
         max_model_len: int,
         truncate_prompt: str = "shrink",
         name: str = "policy",
+        decoding: str = "free",
     ):
+        if decoding not in ("free", "deployed"):
+            raise MapsTrainError(f"rl.decoding: 'free' or 'deployed', got '{decoding}'")
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_model_len = max_model_len
         self.truncate_prompt = truncate_prompt
         self.name = name
+        self.decoding = decoding
+        self.explore: set[str] = set()  # episodes whose next call is the sampled branch call ("deployed")
         self.samples: list[PolicySample] = []
 
     def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
@@ -161,8 +199,12 @@ class PolicyBackend:
         return [self._complete(spec, fit, draw) for spec, fit, draw in zip(specs, fitted, drawn)]
 
     def _spec(self, request: ChatRequest, route: RoleRoute) -> CallSpec:
-        """The request as the route renders it (thinking switch, schema), sampled at the policy's own settings."""
+        """The request as the route renders it (thinking switch, schema); a sampled call at the policy's settings."""
         spec = call_spec(request, route)
+        episode = request.question_id or ""
+        if self.decoding == "deployed" and episode not in self.explore:
+            return spec
+        self.explore.discard(episode)
         return dataclasses.replace(spec, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                    max_tokens=self.sampling.max_tokens)
 
@@ -170,7 +212,8 @@ class PolicyBackend:
         """Keep the sample GRPO trains on and return the call's completion as any backend would."""
         tok, request = self.tokenizer, spec.request
         self.samples.append(PolicySample(request.question_id or "", request.role, fitted.text, list(fitted.ids),
-                                         list(drawn.ids), list(drawn.logprobs)))
+                                         list(drawn.ids), list(drawn.logprobs), sampled=not spec.greedy,
+                                         constrained=spec.json_schema is not None))
         text = tok.decode(drawn.ids, skip_special_tokens=True)
         answer, reasoning = split_thinking(text, generation_opens_thinking(fitted.text, spec))
         return Completion(
@@ -185,11 +228,10 @@ class PolicyBackend:
             adapter=self.name,
             finish_reason=drawn.finish,
             role=request.role,
-            constrained=False,
+            constrained=spec.json_schema is not None,
             **spec.sampling_used(),
             **fitted.completion_fields(),
         )
 
     def samples_of(self, question_id: str) -> list[PolicySample]:
         return [sample for sample in self.samples if sample.question_id == question_id]
-

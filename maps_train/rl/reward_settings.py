@@ -18,12 +18,14 @@ REWARD_SETTINGS_FILE = "reward_settings.json"  # in each role's trainer folder: 
 
 
 def reward_settings(recipe: Recipe) -> dict[str, Any]:
-    """What decides the reward and its advantages: `rl.reward` and the GRPO options that shape the signal. A run
+    """What decides the reward and its advantages: `rl.reward`, the GRPO options that shape the signal and how the
+    branches are decoded (`rl.decoding`: whose sampling noise a branch's reward carries). A run
     resumed, or a finished role skipped, under other settings would mix or pass off two objectives as one."""
     grpo = GRPOOptions.of(recipe.rl.grpo)
     return {"reward": dataclasses.asdict(recipe.rl.reward), "scale_rewards": grpo.scale_rewards,
             "mask_truncated_completions": grpo.mask_truncated_completions, "beta": grpo.beta,
-            "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature}
+            "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature,
+            "decoding": recipe.rl.decoding}
 
 
 def _settings_differ(recorded: Any, current: dict[str, Any]) -> list[str]:

@@ -5,19 +5,29 @@ per round, N writer calls, the answer), and each call's prompt is built afresh f
 state), not continued from the previous call, so an episode is no single token sequence: training on it whole
 would condition every call on text the model never saw. Instead, per question of the batch:
 
-1. PILOT: one episode of MAPS with the current policy. Its K calls of the trained roles (the roles whose calls
-   the trained adapter writes: `sft_data.adapter_roles`) are counted, and a branch call b is drawn uniformly from
-   0..K-1 (seeded by rl.seed, the global step and the question id), so every round of the role is trained in turn.
+1. PILOT: one episode of MAPS with the current policy, decoded as deployed (`rl.decoding: deployed`: greedy,
+   under each role's schema). Its calls of the trained roles (the roles whose calls the trained adapter writes:
+   `sft_data.adapter_roles`) that can change the outcome (`decisive_calls`: not a consolidator at the last round
+   `agent.max_rounds` allows, whose stop decision nothing follows from) are the branch points, and one is drawn
+   uniformly (seeded by rl.seed, the global step and the question id), so every round of the role is trained in
+   turn.
 2. BRANCHES: G episodes of the same question (ids `<id>~g<g>`, so the backends tell them apart by
-   `ChatRequest.question_id`). Every call before the pilot's b-th trained call is REPLAYED from the pilot (its
-   completion returned as it was; the request must equal the pilot's, else a one-line error), so the G branches
-   reach the identical state; the b-th trained call is sampled afresh in each (its own seed, from the branch id),
-   and every later call is sampled live.
-3. The GRPO sample of branch g is the b-th trained call only: the prompt ids the policy saw, the ids it generated
-   and their log-probabilities (`PolicyBackend.samples`). Its reward is the outcome of the branch's whole episode.
+   `ChatRequest.question_id`). Every call before the branch point is REPLAYED from the pilot (its completion
+   returned as it was; the request must equal the pilot's, else a one-line error), so the G branches reach the
+   identical state; the branch call is sampled afresh in each (`rl.temperature`, its own seed from the branch id,
+   under the role's schema where the deployed route enforces one: `PolicyBackend.explore`), and every later call
+   runs as deployed: the environment's roles on their engines, the trained roles' later calls greedy under their
+   schema on the policy. A branch's reward is then a function of its branch call alone: two branches that
+   sampled the same branch call get the same episode, and the advantage is the decision's, not later sampling
+   luck's (`rl.decoding: free` samples every policy call at rl.temperature without a schema, as before).
+3. The GRPO sample of branch g is the branch call only: the prompt ids the policy saw, the ids it generated and
+   their log-probabilities (`PolicyBackend.samples`). Its reward is the outcome of the branch's whole episode.
    Retrieved passages, other roles' outputs and replayed text are never completion tokens. Later calls of the
-   trained roles in a branch are the policy's too, but they are environment for this sample (not trained at
-   this step; a later step's draw of b trains them).
+   trained roles in a branch are the policy's too, but decoded greedily: they are no samples of the policy at
+   rl.temperature, so GRPO's ratio has nothing to say about them, and their credit is not this sample's. They
+   are trained when a later step's draw makes them the branch point. One sample per group is the price of
+   credit that belongs to one decision; under free decoding every later call added its own sampling noise to the
+   branch's reward (the writer run of docs/learning-study.md parsed 80% of its free branch calls).
 
 Seeds: each step's episodes run with `agent.sampling.seed` set to a seed of (rl.seed, step), so every request
 gets its own seed from (that seed, question id, role, call index) (`agents.engine.request_seed`): a rerun of a
@@ -58,13 +68,14 @@ def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
 
 
 def policy_routes(recipe: Recipe, trained_roles: Sequence[str], policy_name: str) -> dict[str, RoleRoute]:
-    """The recipe's routes with the trained roles' sent to the policy (their thinking switch kept; the policy
-    decides the sampling): what an RL episode starts engines for (`maps-train plan` sizes the same)."""
+    """The recipe's routes with the trained roles' sent to the policy (their thinking switch, sampling and schema
+    kept under `rl.decoding: deployed`; no schema under "free"): what an RL episode starts engines for
+    (`maps-train plan` sizes the same)."""
     routes = dict(recipe.roles)
     for role in trained_roles:
         route = route_for(recipe.roles, role)
         routes[role] = dataclasses.replace(route, backend="hf", model=f"rl-policy:{policy_name}", adapter=None,
-                                           structured=False)
+                                           structured=route.structured and recipe.rl.decoding == "deployed")
     return routes
 
 
@@ -170,6 +181,23 @@ def branch_index(seed: int, step: int, question_id: str, calls: int) -> int:
     return random.Random(request_seed(seed, step, question_id, "rl-branch", calls)).randrange(calls)
 
 
+def decisive_calls(calls: Sequence[LoggedCall], trained_roles: set[str], max_rounds: int) -> list[int]:
+    """The positions in `calls` (one episode's, in call order) of the trained roles' calls that can change the
+    outcome, the branch points: every proposer, writer and answer call (what they write decides the passages
+    found or the answer), and a consolidator call only before the last round `agent.max_rounds` allows, where its
+    stop-or-continue decides whether another round is searched. At the last round the search stops whatever it
+    says, and its credit (right stop-or-continue) would reward a decision nothing follows from."""
+    positions, consolidations = [], 0
+    for i, call in enumerate(calls):
+        if call.request.role == "consolidator":
+            consolidations += 1
+            if consolidations >= max_rounds:
+                continue
+        if call.request.role in trained_roles:
+            positions.append(i)
+    return positions
+
+
 def branch_id(question_id: str, branch: int | str) -> str:
     return f"{question_id}~{PILOT if branch == PILOT else f'g{branch}'}"
 
@@ -199,20 +227,24 @@ class BranchRollouts:
         if len({q.id for q in questions}) != len(questions):
             raise MapsTrainError("rl rollout: a question twice in one batch (its episodes would share ids)")
         self.policy.samples.clear()
+        self.policy.explore = set()  # the pilot: every call as the policy decodes it outside a branch call
         pilots = CallLog(self.router)
         self._engine(pilots, step).run_batch([dataclasses.replace(q, id=branch_id(q.id, PILOT)) for q in questions])
         prefixes: dict[str, list[LoggedCall]] = {}
         branch_calls: dict[str, int] = {}
         for question in questions:
             calls = pilots.calls[branch_id(question.id, PILOT)]
-            trained = [i for i, call in enumerate(calls) if call.request.role in self.trained_roles]
-            if not trained:
+            decisive = decisive_calls(calls, self.trained_roles, self.recipe.agent.max_rounds)
+            if not decisive:
                 raise MapsTrainError(f"rl rollout: question '{question.id}': the pilot made no call of "
-                                     f"{', '.join(sorted(self.trained_roles))}")
-            branch_calls[question.id] = branch_index(self.seed, step, question.id, len(trained))
+                                     f"{', '.join(sorted(self.trained_roles))} that can change its outcome")
+            point = decisive[branch_index(self.seed, step, question.id, len(decisive))]
+            # b counts the trained roles' calls before the branch point (the rewards find the b-th in the trace).
+            branch_calls[question.id] = sum(call.request.role in self.trained_roles for call in calls[:point])
             for g in range(self.num_generations):
-                prefixes[branch_id(question.id, g)] = calls[: trained[branch_calls[question.id]]]
+                prefixes[branch_id(question.id, g)] = calls[:point]
         branches = [dataclasses.replace(q, id=branch_id(q.id, g)) for q in questions for g in range(self.num_generations)]
+        self.policy.explore = {branch.id for branch in branches}  # each branch's first live call is sampled
         traces = self._engine(ReplayBackend(self.router, prefixes), step).run_batch(branches)
         return [self._rollout(branch, trace, branch_calls, i) for i, (branch, trace) in
                 enumerate(zip(branches, traces))]
@@ -221,6 +253,6 @@ class BranchRollouts:
         source_id = branch.id.rsplit("~", 1)[0]
         samples = self.policy.samples_of(branch.id)
         # Everything before the branch call was replayed, so the policy's first call of this episode is it.
-        if not samples or samples[0].role not in self.trained_roles:
-            raise MapsTrainError(f"rl rollout: episode '{branch.id}' made no live call of the trained roles")
+        if not samples or samples[0].role not in self.trained_roles or not samples[0].sampled:
+            raise MapsTrainError(f"rl rollout: episode '{branch.id}' made no sampled live call of the trained roles")
         return Rollout(branch, source_id, index % self.num_generations, branch_calls[source_id], samples[0], trace)

