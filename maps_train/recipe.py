@@ -289,6 +289,11 @@ class SFTDataConfig:
     # row whose stop-or-continue was right, an answer row with F1 >= min_answer_f1), its own parse for require_parsed.
     filter: Literal["trace", "role"] = "trace"
     min_answer_f1: float = 1.0  # with filter "role": 1.0 keeps exact answers only
+    # A role whose kept rows are fewer than this keeps none: a handful of rows teaches a constant (the learning
+    # study's 4 answer rows, mostly "yes", made the distilled agent answer "yes" to 107 of 152 dev questions). Its
+    # adapter is then trained without it, records so (`trained_roles.json`), and the distilled routes send that
+    # role to the base model. 0: no floor.
+    min_rows_per_role: int = field(default=0, metadata={"check": check_count})
     require_correct: bool = True
     require_parsed: bool = True
     max_prompt_tokens: int | None = None  # token caps count with `tokenizer`: only then does the template matter
@@ -543,6 +548,8 @@ def sft_set_settings(recipe: Recipe) -> dict[str, Any]:
     settings: dict[str, Any] = {name: getattr(config, name) for name in SFT_ROW_SETTINGS}
     if config.filter != "trace":  # only then: the sets of recipes written before the role filter keep their folder
         settings.update(filter=config.filter, min_answer_f1=config.min_answer_f1)
+    if config.min_rows_per_role:  # only then: sets written before the floor keep their folder
+        settings["min_rows_per_role"] = config.min_rows_per_role
     # sft-data drops rows longer than train.sft.max_length (TRL would cut their completion), counted with the
     # student's template: then both decide the rows. Students with one tokenizer and max_length share a set.
     max_length = recipe.train.sft.get("max_length")

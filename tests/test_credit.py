@@ -161,6 +161,75 @@ def test_sft_data_keeps_rows_by_role_credit_counted_by_hand(tmp_path):
         {"sample": 0, "call": 1}, {"sample": 0, "call": 5}, {"sample": 1, "call": 1}]
 
 
+def test_a_role_below_the_floor_keeps_no_rows_and_says_so(tmp_path):
+    from maps_train.traces.sft import build_sft_sets
+
+    # Two samples of the test above, by hand: proposer 3 rows kept, writer 3, consolidator 2, answer 1 (the right
+    # one). A floor of 2 drops the answer's 1 row: the consolidator adapter trains on its 2 consolidator rows only.
+    right = maps_trace([maps_round(1, [["p4"], ["p4"]], sufficient=False),
+                        maps_round(2, [["p5"], ["p1"]], sufficient=True)], answer="Dijon")
+    wrong = maps_trace([maps_round(1, [["p4"], ["p2"]], sufficient=True)], answer="Lyon")
+    lines = []
+    for n, trace in enumerate([right, wrong]):
+        trace.credit = compute_credit(trace, GOLD)
+        for k, c in enumerate(trace.all_calls()):
+            c.raw_text = json.dumps({"sample": n, "call": k})
+        lines.append(json.dumps(trace.to_dict()))
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("\n".join(lines) + "\n")
+    overrides = ["sft_data.filter=role", "sft_data.tokenizer=null", "sft_data.max_samples_per_question=null",
+                 "train.student=builtin:tiny-qwen3"]
+    unfloored = build_sft_sets(load_recipe(None, [*overrides, f"sft_data.out_dir={tmp_path / 'all'}"]),
+                               traces_dir=str(traces))
+    assert {role: unfloored.rows[role]["kept"] for role in unfloored.rows} == {
+        "proposer": 3, "writer": 3, "consolidator": 2, "answer": 1}
+    recipe = load_recipe(None, [*overrides, "sft_data.min_rows_per_role=2", f"sft_data.out_dir={tmp_path / 'sft'}"])
+    stats = build_sft_sets(recipe, traces_dir=str(traces))
+    assert stats.examples == {"proposer": 3, "writer": 3, "consolidator": 2}
+    assert stats.below_floor == {"answer": 1}
+    assert stats.rows["answer"]["kept"] == 0 and stats.rows["answer"]["below_floor"] == 1
+    assert stats.prompt_tokens["answer"] == 0 and stats.prompt_tokens["writer"] == unfloored.prompt_tokens["writer"]
+    assert json.loads((tmp_path / "sft" / "stats.json").read_text())["below_floor"] == {"answer": 1}
+    consolidator = (tmp_path / "sft" / "consolidator" / "train.jsonl").read_text().splitlines()
+    assert [json.loads(line)["role"] for line in consolidator] == ["consolidator", "consolidator"]
+    assert len((tmp_path / "sft" / "writer" / "train.jsonl").read_text().splitlines()) == 3
+    assert "answer (1 row)" in stats.table()
+
+
+def test_a_role_its_adapter_never_learned_is_routed_to_the_base_model(tmp_path):
+    from maps_train.serve.plan import distilled_routes
+    from maps_train.train.data import rows_per_role
+
+    # SFT rows as sft-data writes them (each names its role): the consolidator adapter saw no answer row.
+    sft = tmp_path / "sft"
+    row = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "{}"}]}
+    for adapter, roles in {"proposer": ["proposer"], "writer": ["writer", "writer"],
+                           "consolidator": ["consolidator"]}.items():
+        (sft / adapter).mkdir(parents=True)
+        (sft / adapter / "train.jsonl").write_text("".join(json.dumps({**row, "role": r}) + "\n" for r in roles))
+    adapters = tmp_path / "adapters"
+    recipe = load_recipe(None, [f"train.sft_dir={sft}", f"train.output_dir={adapters}"])
+    counts = {adapter: rows_per_role(recipe, adapter) for adapter in ("proposer", "writer", "consolidator")}
+    assert counts == {"proposer": {"proposer": 1}, "writer": {"writer": 2},
+                      "consolidator": {"consolidator": 1, "answer": 0}}
+    for adapter, rows in counts.items():  # the training summary records them (maps_train/train/__main__.py)
+        (adapters / adapter).mkdir(parents=True)
+        (adapters / adapter / "train_summary.json").write_text(json.dumps({"rows_per_role": rows}))
+    routes = distilled_routes(recipe)
+    assert routes["answer"].adapter is None and routes["answer"].model == routes["consolidator"].model
+    assert routes["consolidator"].adapter == str(adapters / "consolidator")
+    assert routes["writer"].adapter == str(adapters / "writer")
+    assert distilled_routes(recipe, via="server")["answer"].adapter is None
+    # An eval system that swaps in another consolidator adapter (an RL one) keeps the answer on the base model.
+    from maps_train.evaluate.suite import apply_routes
+
+    swapped = apply_routes(recipe, "distilled", {"consolidator": str(tmp_path / "rl")}).roles
+    assert swapped["consolidator"].adapter == str(tmp_path / "rl") and swapped["answer"].adapter is None
+    # A row that names no role of its adapter (a hand-written set): unknown, and every role keeps its adapter.
+    (sft / "consolidator" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    assert rows_per_role(recipe, "consolidator") is None
+
+
 def test_analyze_credit_summarises_roles_from_traces(tmp_path):
     from maps_train.analysis.credit import credit_markdown, credit_summary
 

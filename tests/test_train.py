@@ -433,7 +433,7 @@ def _logits(model, tokenizer):
 
 
 @pytest.mark.slow
-def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adapters, tiny_qwen3):
+def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adapters, tiny_qwen3, sft_dir):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -449,9 +449,12 @@ def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adap
         assert summary["train_tokens_per_second"] > 0 and summary["trace_roles"]
         assert check_adapter(folder, base_model=tiny_qwen3) == []
         assert not (folder / "tokenizer.json").exists() and not (folder / "training_args.bin").exists()
-    assert json.loads((per_role_adapters / "consolidator" / "train_summary.json").read_text())["trace_roles"] == [
-        "answer", "consolidator"
-    ]
+    consolidator = json.loads((per_role_adapters / "consolidator" / "train_summary.json").read_text())
+    assert consolidator["trace_roles"] == ["answer", "consolidator"]
+    # What the adapter learned, per role (the distilled routes send a role with 0 rows to the base model).
+    rows = [json.loads(line)["role"] for line in (sft_dir / "consolidator" / "train.jsonl").read_text().splitlines()]
+    assert consolidator["rows_per_role"] == {"answer": rows.count("answer"), "consolidator": rows.count("consolidator")}
+    assert consolidator["train_rows"] == len(rows) and rows.count("answer") > 0
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()

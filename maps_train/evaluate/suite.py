@@ -173,7 +173,9 @@ def apply_routes(recipe: Any, routes: str, adapters: dict[str, str] | None = Non
             raise ConfigError(f"adapters: {', '.join(unknown)}: not an adapter of the recipe "
                               f"(its adapters: {', '.join(sorted(set(of_role.values())))})")
         named = {**of_role, "default": of_role.get("consolidator")}
-        roles = {role: replace(route, adapter=(adapters or {}).get(named.get(role), route.adapter))
+        # A role the distilled adapter never learned (routed to the base model) stays there.
+        roles = {role: replace(route, adapter=(adapters or {}).get(named.get(role), route.adapter)
+                               if route.adapter is not None else None)
                  for role, route in routed.roles.items()}
         return replace(routed, roles=roles)
     template = recipe.route("default")

@@ -204,6 +204,8 @@ def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = Non
     routes = {}
     for role, adapter in adapter_of_role(recipe).items():
         adapter_ref = adapter if via == "server" else str(paths[adapter])
+        if role in untrained_roles(paths[adapter]):
+            adapter_ref = None  # the adapter never learned this role: the base model answers it
         routes[role] = dataclasses.replace(
             template,
             backend="openai" if via == "server" else "vllm",
@@ -212,6 +214,20 @@ def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = Non
             enable_thinking=recipe.sft_data.enable_thinking,
         )
     return routes
+
+
+def untrained_roles(folder: Path) -> set[str]:
+    """The roles an adapter's training summary says it saw no row of (`rows_per_role`, e.g. a role under
+    `sft_data.min_rows_per_role`); empty when the folder has no summary or the summary does not say."""
+    from maps_train.train.sft import SUMMARY_FILE
+
+    try:
+        counts = json.loads((Path(folder) / SUMMARY_FILE).read_text(encoding="utf-8")).get("rows_per_role")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(counts, dict):
+        return set()
+    return {role for role, rows in counts.items() if rows == 0}
 
 
 def with_distilled_routes(recipe: Recipe, via: str = "engine") -> Recipe:

@@ -32,6 +32,13 @@ does not carry its bad calls (rejection sampling per role, `credit_verdict`):
 The cap counts a sample as kept when one of its rows was. `stats.json`'s `credit_rules` counts, per rule and role,
 the rows kept and dropped.
 
+A floor per role (`sft_data.min_rows_per_role`): a role left with fewer kept rows than that keeps none
+(`below_floor` in `stats.json`, per role). A handful of rows teaches a constant, not a skill: the learning study's
+4 answer rows that passed F1 >= 0.5, mostly "yes" to comparison questions, made its distilled agent answer "yes" to
+107 of 152 dev questions. The role's adapter then trains without it (`maps-train train` records the rows per role
+in `trained_roles.json` beside the adapter) and the distilled routes send the role to the base model
+(`maps_train.serve.plan.distilled_routes`).
+
 `chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
 not rendered text: each student's chat template renders them when it trains, so every student of a teacher reads
 the same set (by default `<traces>/sft/<hash of the row settings>/`, `maps_train.recipe.sft_set_dir`; the
@@ -82,6 +89,7 @@ class SFTStats:
     bad_lines: list[str] = field(default_factory=list)
     # filter "role": rule -> role -> "kept" | "dropped" -> rows
     credit_rules: dict[str, dict[str, Counter]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Counter)))
+    below_floor: Counter = field(default_factory=Counter)  # role -> rows dropped under sft_data.min_rows_per_role
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +105,7 @@ class SFTStats:
             "bad_lines": self.bad_lines[:50],
             "credit_rules": {rule: {role: dict(counts) for role, counts in sorted(roles.items())}
                              for rule, roles in sorted(self.credit_rules.items())},
+            "below_floor": dict(self.below_floor),
         }
 
     def table(self) -> str:
@@ -113,6 +122,9 @@ class SFTStats:
             lines += ["| credit rule | role | kept | dropped |", "|---|---|---:|---:|"]
             lines += [f"| {rule} | {role} | {counts['kept']} | {counts['dropped']} |"
                       for rule, roles in sorted(self.credit_rules.items()) for role, counts in sorted(roles.items())]
+        if self.below_floor:
+            lines.append("below sft_data.min_rows_per_role (no rows kept; served by the base model): " + ", ".join(
+                f"{role} ({rows} row{'' if rows == 1 else 's'})" for role, rows in sorted(self.below_floor.items())))
         lines += ["| role | prompt tokens | completion tokens |", "|---|---:|---:|"]
         lines += [f"| {role} | {self.prompt_tokens[role]} | {self.completion_tokens[role]} |"
                   for role in sorted(set(self.prompt_tokens) | set(self.completion_tokens))]
@@ -203,6 +215,7 @@ class TokenCounter:
 
 
 KEPT = "kept"
+BELOW_FLOOR = "below_floor"  # a kept row of a role with fewer than sft_data.min_rows_per_role rows
 OVER_MAX_LENGTH = "over_max_length"  # a row TRL would cut at train.sft.max_length (its completion with it)
 # A rejected sample's reason: (the `rejects` key, counted per sample; the `rows` key its calls count under)
 INCORRECT = ("incorrect_answer", "incorrect")
@@ -223,6 +236,7 @@ class SFTSetBuilder:
         self.stats = SFTStats()
         self.rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.row_questions: dict[str, list[tuple[str, str]]] = defaultdict(list)  # beside rows: each row's question
+        self.row_tokens: dict[str, list[tuple[int, int]]] = defaultdict(list)  # beside rows: prompt, completion
         self.seen: set[str] = set()  # digests of the (role, prompt, completion) rows kept so far
         self.kept_per_question: Counter = Counter()
 
@@ -314,11 +328,30 @@ class SFTSetBuilder:
             sft_row(call.messages, completion, config.enable_thinking, trace.question_id, call.role)
         )
         self.row_questions[adapter].append(_question_key(trace))
+        self.row_tokens[adapter].append((prompt_tokens, completion_tokens))
         counts[KEPT] += 1
         self.stats.examples[adapter] += 1
         self.stats.prompt_tokens[call.role] += prompt_tokens
         self.stats.completion_tokens[call.role] += completion_tokens
 
+
+    def apply_floor(self, floor: int) -> None:
+        """Drop every row of a role with fewer than `floor` kept rows (`sft_data.min_rows_per_role`)."""
+        kept = Counter(row["role"] for rows in self.rows.values() for row in rows)
+        thin = {role for role, count in kept.items() if count < floor}
+        for adapter in list(self.rows):
+            keep = [i for i, row in enumerate(self.rows[adapter]) if row["role"] not in thin]
+            for i in set(range(len(self.rows[adapter]))) - set(keep):
+                role, (prompt, completion) = self.rows[adapter][i]["role"], self.row_tokens[adapter][i]
+                self.stats.below_floor[role] += 1
+                self.stats.rows[role][KEPT] -= 1
+                self.stats.rows[role][BELOW_FLOOR] += 1
+                self.stats.examples[adapter] -= 1
+                self.stats.prompt_tokens[role] -= prompt
+                self.stats.completion_tokens[role] -= completion
+            for name in ("rows", "row_questions", "row_tokens"):
+                column = getattr(self, name)[adapter]
+                getattr(self, name)[adapter] = [column[i] for i in keep]
 
     def fits_max_length(self, messages: list[dict[str, str]], completion: str) -> bool:
         """Whether TRL keeps the whole row: it cuts a row over `train.sft.max_length` from the end, which is the
@@ -384,6 +417,8 @@ def build_sft_sets(recipe: Recipe, *, traces_dir: str | None = None, out_dir: st
                 continue
             builder.add(item)
 
+    if config.min_rows_per_role:
+        builder.apply_floor(config.min_rows_per_role)
     held_out = eval_questions({key for keys in builder.row_questions.values() for key in keys},
                               config.eval_fraction, config.eval_seed)
     stats.eval_questions = len(held_out)

@@ -150,6 +150,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
             "bf16": precision.bf16,
             "world_size": training_args.world_size,
             "train_rows": len(train_set),
+            "rows_per_role": data.rows_per_role(recipe, adapter),
             "eval_rows": len(eval_set) if eval_set is not None else 0,
             **throughput.summary(),
             "wall_seconds": round(time.time() - started, 2),

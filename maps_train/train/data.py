@@ -96,6 +96,22 @@ def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[s
     return rows
 
 
+def rows_per_role(recipe, adapter: str) -> dict[str, int] | None:
+    """Train rows per trace role of `adapter`, every role its SFT folders serve included (0 when it has none, as
+    under `sft_data.min_rows_per_role`): what the adapter learned, recorded in its training summary, so the
+    distilled routes can send a role it never learned to the base model (`maps_train.serve.plan`). None when a
+    row names no role of the adapter (a set written by hand or before rows carried their role): unknown."""
+    counts = {role: 0 for name in source_adapters(recipe, adapter) for role in recipe.sft_data.adapter_roles[name]}
+    sft_dir = train_sft_dir(recipe)
+    for name in source_adapters(recipe, adapter):
+        for _, raw in iter_jsonl(_split_path(sft_dir, name, "train"), "SFT file"):
+            role = raw.get("role")
+            if role not in counts:
+                return None
+            counts[role] += 1
+    return counts
+
+
 def load_adapter_datasets(recipe, adapter: str):
     """(train, eval or None) `datasets.Dataset`s for one adapter."""
     from datasets import Dataset
