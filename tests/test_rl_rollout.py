@@ -143,6 +143,16 @@ def test_a_role_outside_the_adapters_is_refused_in_one_line():
     assert route_for(recipe.roles, "writer").backend == "vllm"
 
 
+def test_a_role_the_distilled_adapter_never_learned_is_left_to_the_environment(tmp_path):
+    (tmp_path / "consolidator").mkdir()
+    (tmp_path / "consolidator" / "train_summary.json").write_text(
+        json.dumps({"rows_per_role": {"consolidator": 17, "answer": 0}}))
+    recipe = load_recipe(None, [f"rl.adapters_dir={tmp_path}"])
+    assert trained_trace_roles(recipe, "consolidator") == ["consolidator"]
+    assert trained_trace_roles(load_recipe(None, [f"rl.adapters_dir={tmp_path}", "rl.init=base"]),
+                               "consolidator") == ["answer", "consolidator"]
+
+
 def test_the_passages_a_rollout_retrieved_let_golds_known_by_text_be_found():
     from maps_train.records.evidence import GoldPassage, evidence_recall
     from maps_train.rl.rollout import HitLog

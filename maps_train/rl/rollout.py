@@ -41,6 +41,7 @@ import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from maps_train.agents.engine import request_seed
@@ -60,11 +61,19 @@ PILOT = "pilot"
 
 def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
     """The trace roles whose calls the adapter of `role` writes (the consolidator adapter also writes "answer"):
-    the policy answers all of them, since its weights are what the adapter becomes."""
+    the policy answers all of them, since its weights are what the adapter becomes. Under `rl.init: distilled`, a
+    role the distilled adapter never learned (no SFT row: `sft_data.min_rows_per_role`) is left out: the distilled
+    routes send it to the base model, in the environment as when deployed."""
+    from maps_train.serve.plan import untrained_roles
+
     mapping = adapter_of_role(recipe)
     if role not in mapping:
         raise MapsTrainError(f"rl.roles: '{role}' is no role of sft_data.adapter_roles ({', '.join(sorted(mapping))})")
-    return sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
+    roles = sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
+    if recipe.rl.init == "distilled":
+        untrained = untrained_roles(Path(recipe.rl.adapters_dir or recipe.train.output_dir) / mapping[role])
+        roles = [r for r in roles if r not in untrained] or roles
+    return roles
 
 
 def policy_routes(recipe: Recipe, trained_roles: Sequence[str], policy_name: str) -> dict[str, RoleRoute]:
