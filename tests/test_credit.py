@@ -119,6 +119,18 @@ def test_the_maps_engine_writes_credit_into_its_traces(tmp_path):
     assert credits[3][1]["right"] is True and credits[-1][1]["em"] == 1.0
 
 
+def write_credited(path, traces_and_gold) -> str:
+    """The traces with their credit, one per line; every call's completion distinct, so no row is a duplicate."""
+    lines = []
+    for n, (trace, gold) in enumerate(traces_and_gold):
+        trace.credit = compute_credit(trace, gold)
+        for k, c in enumerate(trace.all_calls()):
+            c.raw_text = json.dumps({"sample": n, "call": k})
+        lines.append(json.dumps(trace.to_dict()))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def test_sft_data_keeps_rows_by_role_credit_counted_by_hand(tmp_path):
     from maps_train.traces.sft import build_sft_sets
 
@@ -134,18 +146,10 @@ def test_sft_data_keeps_rows_by_role_credit_counted_by_hand(tmp_path):
     # A question without gold passages: its search and stop rows cannot be judged; its answer row can.
     nogold = maps_trace([maps_round(1, [["p4"], ["p2"]], sufficient=True)], answer="Dijon")
     nogold.question_id, nogold.question = "n", "Another question"
-    lines = []
-    for n, (trace, gold) in enumerate([(right, GOLD), (wrong, GOLD), (nogold, [])]):
-        trace.credit = compute_credit(trace, gold)
-        # distinct completions so that no row is a duplicate of another sample's
-        for k, c in enumerate(trace.all_calls()):
-            c.raw_text = json.dumps({"sample": n, "call": k})
-        lines.append(json.dumps(trace.to_dict()))
-    traces = tmp_path / "traces.jsonl"
-    traces.write_text("\n".join(lines) + "\n")
+    traces = write_credited(tmp_path / "traces.jsonl", [(right, GOLD), (wrong, GOLD), (nogold, [])])
     recipe = load_recipe(None, ["sft_data.filter=role", "sft_data.tokenizer=null", "sft_data.max_samples_per_question=null",
                                 "train.student=builtin:tiny-qwen3", f"sft_data.out_dir={tmp_path / 'sft'}"])
-    stats = build_sft_sets(recipe, traces_dir=str(traces))
+    stats = build_sft_sets(recipe, traces_dir=traces)
     assert stats.examples == {"proposer": 3, "writer": 3, "consolidator": 4}  # consolidator adapter: 2 + 2 answers
     rules = stats.to_dict()["credit_rules"]
     assert rules["new_gold"]["writer"] == {"kept": 3, "dropped": 5}  # 3 without new gold + the no-gold question's 2
@@ -169,22 +173,15 @@ def test_a_role_below_the_floor_keeps_no_rows_and_says_so(tmp_path):
     right = maps_trace([maps_round(1, [["p4"], ["p4"]], sufficient=False),
                         maps_round(2, [["p5"], ["p1"]], sufficient=True)], answer="Dijon")
     wrong = maps_trace([maps_round(1, [["p4"], ["p2"]], sufficient=True)], answer="Lyon")
-    lines = []
-    for n, trace in enumerate([right, wrong]):
-        trace.credit = compute_credit(trace, GOLD)
-        for k, c in enumerate(trace.all_calls()):
-            c.raw_text = json.dumps({"sample": n, "call": k})
-        lines.append(json.dumps(trace.to_dict()))
-    traces = tmp_path / "traces.jsonl"
-    traces.write_text("\n".join(lines) + "\n")
+    traces = write_credited(tmp_path / "traces.jsonl", [(right, GOLD), (wrong, GOLD)])
     overrides = ["sft_data.filter=role", "sft_data.tokenizer=null", "sft_data.max_samples_per_question=null",
                  "train.student=builtin:tiny-qwen3"]
     unfloored = build_sft_sets(load_recipe(None, [*overrides, f"sft_data.out_dir={tmp_path / 'all'}"]),
-                               traces_dir=str(traces))
+                               traces_dir=traces)
     assert {role: unfloored.rows[role]["kept"] for role in unfloored.rows} == {
         "proposer": 3, "writer": 3, "consolidator": 2, "answer": 1}
     recipe = load_recipe(None, [*overrides, "sft_data.min_rows_per_role=2", f"sft_data.out_dir={tmp_path / 'sft'}"])
-    stats = build_sft_sets(recipe, traces_dir=str(traces))
+    stats = build_sft_sets(recipe, traces_dir=traces)
     assert stats.examples == {"proposer": 3, "writer": 3, "consolidator": 2}
     assert stats.below_floor == {"answer": 1}
     assert stats.rows["answer"]["kept"] == 0 and stats.rows["answer"]["below_floor"] == 1

@@ -52,6 +52,30 @@ def make_rollouts(policy_model, seed: int = 0, decoding: str = "free", max_round
     return recipe, rollouts, environment
 
 
+def resample(model, prompt_ids: list[int], seed: int, max_new_tokens: int, processor=None) -> list[int]:
+    """What the model samples from `prompt_ids` at temperature 1 under `seed` (and a logits processor), in eval
+    mode, handed back in train mode as the trainer holds it."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([prompt_ids]), do_sample=True, temperature=1.0, top_p=1.0,
+                                 top_k=0, max_new_tokens=max_new_tokens,
+                                 logits_processor=[processor] if processor is not None else None)
+        model.train()
+    return out[0, len(prompt_ids):].tolist()
+
+
+def own_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    """The model's own log-probabilities of `completion_ids` after `prompt_ids` at temperature 1 (eval mode)."""
+    with torch.no_grad():
+        model.eval()
+        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0]
+        model.train()
+    expected = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], -1)
+    return expected.gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
 def test_the_trained_tokens_are_the_policys_branch_call_and_nothing_the_environment_wrote(policy_model):
     model, tokenizer = policy_model
     recipe, branch_rollouts, environment = make_rollouts(policy_model)
@@ -74,23 +98,11 @@ def test_the_trained_tokens_are_the_policys_branch_call_and_nothing_the_environm
         assert sample.prompt_text == render_prompt(tokenizer, call_spec(request, route))
         assert sample.prompt_ids == tokenizer(sample.prompt_text, add_special_tokens=False)["input_ids"]
         # The completion: what the model itself samples from that prompt with the call's seed, token for token.
-        with torch.random.fork_rng():
-            torch.manual_seed(call.usage.seed)
-            model.eval()
-            with torch.no_grad():
-                again = model.generate(input_ids=torch.tensor([sample.prompt_ids]), do_sample=True, temperature=1.0,
-                                       top_p=1.0, top_k=0, max_new_tokens=6)
-            model.train()
-        regenerated = again[0, len(sample.prompt_ids):].tolist()
+        regenerated = resample(model, sample.prompt_ids, call.usage.seed, 6)
         assert sample.completion_ids == regenerated[: len(sample.completion_ids)]
         assert tokenizer.decode(sample.completion_ids, skip_special_tokens=True) == call.generated
         # The log-probabilities: the model's own, at the sampling temperature, of exactly those tokens.
-        with torch.no_grad():
-            model.eval()
-            logits = model(torch.tensor([sample.prompt_ids + sample.completion_ids])).logits[0]
-            model.train()
-        expected = torch.log_softmax(logits[len(sample.prompt_ids) - 1 : -1], -1)
-        expected = expected.gather(1, torch.tensor(sample.completion_ids)[:, None])[:, 0]
+        expected = own_logprobs(model, sample.prompt_ids, sample.completion_ids)
         assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
         # Nothing the environment wrote is a completion token; it is in the prompt.
         completion_text = tokenizer.decode(sample.completion_ids)
@@ -213,22 +225,10 @@ def test_deployed_decoding_samples_the_branch_call_under_its_schema_and_decodes_
         matcher = grammars.matcher(schemas[call.role])
         assert all(matcher.accept_token(token) for token in branch.completion_ids)
         # ...and they are what the model samples under xgrammar's own logits processor with the call's seed.
-        with torch.random.fork_rng():
-            torch.manual_seed(call.usage.seed)
-            model.eval()
-            with torch.no_grad():
-                again = model.generate(input_ids=torch.tensor([branch.prompt_ids]), do_sample=True, temperature=1.0,
-                                       top_p=1.0, top_k=0, max_new_tokens=24,
-                                       logits_processor=[grammars.processor(schemas[call.role])])
-            model.train()
-        assert branch.completion_ids == again[0, len(branch.prompt_ids):].tolist()[: len(branch.completion_ids)]
+        again = resample(model, branch.prompt_ids, call.usage.seed, 24, grammars.processor(schemas[call.role]))
+        assert branch.completion_ids == again[: len(branch.completion_ids)]
         # The log-probabilities are the model's unmasked ones at the temperature: what TRL scores.
-        with torch.no_grad():
-            model.eval()
-            logits = model(torch.tensor([branch.prompt_ids + branch.completion_ids])).logits[0]
-            model.train()
-        expected = torch.log_softmax(logits[len(branch.prompt_ids) - 1 : -1], -1)
-        expected = expected.gather(1, torch.tensor(branch.completion_ids)[:, None])[:, 0]
+        expected = own_logprobs(model, branch.prompt_ids, branch.completion_ids)
         assert torch.allclose(torch.tensor(branch.logprobs), expected, atol=1e-4)
     assert continued > 0  # some branch point came before the answer
     for q in QUESTIONS:  # one prompt per group, G samples of it

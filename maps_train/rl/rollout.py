@@ -226,7 +226,8 @@ class BranchRollouts:
         self.num_generations = num_generations
         self.seed = seed
 
-    def _engine(self, backend: Any, step: int):
+    def engine(self, backend: Any, step: int):
+        """A MAPS engine over `backend` whose requests are seeded for training step `step`."""
         sampling = dataclasses.replace(self.recipe.agent.sampling, seed=step_seed(self.seed, step), sample=0)
         recipe = dataclasses.replace(self.recipe, agent=dataclasses.replace(self.recipe.agent, sampling=sampling))
         return engine_class(recipe.agent.method)(recipe, backend, self.retriever)
@@ -238,7 +239,7 @@ class BranchRollouts:
         self.policy.samples.clear()
         self.policy.explore = set()  # the pilot: every call as the policy decodes it outside a branch call
         pilots = CallLog(self.router)
-        self._engine(pilots, step).run_batch([dataclasses.replace(q, id=branch_id(q.id, PILOT)) for q in questions])
+        self.engine(pilots, step).run_batch([dataclasses.replace(q, id=branch_id(q.id, PILOT)) for q in questions])
         prefixes: dict[str, list[LoggedCall]] = {}
         branch_calls: dict[str, int] = {}
         for question in questions:
@@ -254,7 +255,7 @@ class BranchRollouts:
                 prefixes[branch_id(question.id, g)] = calls[:point]
         branches = [dataclasses.replace(q, id=branch_id(q.id, g)) for q in questions for g in range(self.num_generations)]
         self.policy.explore = {branch.id for branch in branches}  # each branch's first live call is sampled
-        traces = self._engine(ReplayBackend(self.router, prefixes), step).run_batch(branches)
+        traces = self.engine(ReplayBackend(self.router, prefixes), step).run_batch(branches)
         return [self._rollout(branch, trace, branch_calls, i) for i, (branch, trace) in
                 enumerate(zip(branches, traces))]
 
