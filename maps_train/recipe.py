@@ -291,8 +291,8 @@ class SFTDataConfig:
     min_answer_f1: float = 1.0  # with filter "role": 1.0 keeps exact answers only
     # A role whose kept rows are fewer than this keeps none: a handful of rows teaches a constant (the learning
     # study's 4 answer rows, mostly "yes", made the distilled agent answer "yes" to 107 of 152 dev questions). Its
-    # adapter is then trained without it, records so (`trained_roles.json`), and the distilled routes send that
-    # role to the base model. 0: no floor.
+    # adapter is then trained without it, records so (`rows_per_role` in its `train_summary.json`), and the
+    # distilled routes send that role to the base model. 0: no floor.
     min_rows_per_role: int = field(default=0, metadata={"check": check_count})
     require_correct: bool = True
     require_parsed: bool = True

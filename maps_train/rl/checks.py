@@ -13,6 +13,7 @@ from maps_train.recipe import Recipe, adapter_of_role, route_for
 from maps_train.rl.environment import environment_recipe
 from maps_train.rl.layout import launched_world_size
 from maps_train.rl.rollout import trained_trace_roles
+from maps_train.rl.vllm_policy import SERVER_TAKES_NO_SCHEMA
 
 
 def check_rl_config(recipe: Recipe) -> None:
@@ -105,9 +106,7 @@ def check_deployed_on_vllm(recipe: Recipe) -> None:
         return
     grpo = GRPOOptions.of(recipe.rl.grpo)
     if grpo.vllm_mode == "server":
-        raise ConfigError("rl.decoding: 'deployed' samples structured roles under their schema, which TRL's "
-                          "vllm-serve cannot take; use rl.grpo.vllm_mode: colocate, rl.rollout: hf, or "
-                          "rl.decoding: free")
+        raise ConfigError(SERVER_TAKES_NO_SCHEMA)
     if grpo.vllm_importance_sampling_correction:
         raise ConfigError("rl.grpo.vllm_importance_sampling_correction: set it false with rl.decoding: deployed on "
                           "vLLM (its log-probabilities are masked to the role's schema, so TRL's correction would "

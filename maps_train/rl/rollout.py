@@ -41,7 +41,6 @@ import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from maps_train.agents.engine import request_seed
@@ -54,6 +53,7 @@ from maps_train.questions import Question
 from maps_train.recipe import Recipe, RoleRoute, adapter_of_role, route_for
 from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
+from maps_train.rl.layout import source_adapter_dir
 from maps_train.rl.policy import PolicyBackend, PolicySample
 
 PILOT = "pilot"
@@ -71,7 +71,7 @@ def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
         raise MapsTrainError(f"rl.roles: '{role}' is no role of sft_data.adapter_roles ({', '.join(sorted(mapping))})")
     roles = sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
     if recipe.rl.init == "distilled":
-        untrained = untrained_roles(Path(recipe.rl.adapters_dir or recipe.train.output_dir) / mapping[role])
+        untrained = untrained_roles(source_adapter_dir(recipe, role))
         roles = [r for r in roles if r not in untrained] or roles
     return roles
 

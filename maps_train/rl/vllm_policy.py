@@ -41,6 +41,11 @@ from maps_train.llm.common import CallSpec
 from maps_train.llm.hf_backend import cut_at_eos
 from maps_train.rl.policy import Drawn
 
+# TRL's `vllm-serve` builds its SamplingParams from plain keyword arguments: a JSON schema has no way in.
+SERVER_TAKES_NO_SCHEMA = ("rl.decoding: 'deployed' samples structured roles under their schema, which TRL's "
+                          "vllm-serve cannot take; use rl.grpo.vllm_mode: colocate, rl.rollout: hf, or "
+                          "rl.decoding: free")
+
 
 class VLLMSampler:
     """The policy's draws from TRL's vLLM engine (colocate) or server, each row as its `CallSpec` says."""
@@ -74,10 +79,7 @@ class VLLMSampler:
 
     def _draw_served(self, prompt: list[int], spec: CallSpec) -> Drawn:
         if spec.json_schema is not None:
-            # TRL's `vllm-serve` builds its SamplingParams from plain keyword arguments: a JSON schema has no way in.
-            raise MapsTrainError("rl.decoding: deployed samples structured roles under their schema, which TRL's "
-                                 "vllm-serve cannot take; use rl.grpo.vllm_mode: colocate, rl.rollout: hf, or "
-                                 "rl.decoding: free")
+            raise MapsTrainError(SERVER_TAKES_NO_SCHEMA)
         start = time.perf_counter()
         output = self.client.generate(prompts=[prompt], n=1, temperature=spec.temperature, top_p=spec.top_p,
                                       top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=spec.max_tokens,

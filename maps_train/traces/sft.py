@@ -36,7 +36,7 @@ A floor per role (`sft_data.min_rows_per_role`): a role left with fewer kept row
 (`below_floor` in `stats.json`, per role). A handful of rows teaches a constant, not a skill: the learning study's
 4 answer rows that passed F1 >= 0.5, mostly "yes" to comparison questions, made its distilled agent answer "yes" to
 107 of 152 dev questions. The role's adapter then trains without it (`maps-train train` records the rows per role
-in `trained_roles.json` beside the adapter) and the distilled routes send the role to the base model
+as `rows_per_role` in the adapter's `train_summary.json`) and the distilled routes send the role to the base model
 (`maps_train.serve.plan.distilled_routes`).
 
 `chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
@@ -337,21 +337,21 @@ class SFTSetBuilder:
 
     def apply_floor(self, floor: int) -> None:
         """Drop every row of a role with fewer than `floor` kept rows (`sft_data.min_rows_per_role`)."""
-        kept = Counter(row["role"] for rows in self.rows.values() for row in rows)
-        thin = {role for role, count in kept.items() if count < floor}
+        thin = {role for role, counts in self.stats.rows.items() if 0 < counts[KEPT] < floor}
         for adapter in list(self.rows):
-            keep = [i for i, row in enumerate(self.rows[adapter]) if row["role"] not in thin]
-            for i in set(range(len(self.rows[adapter]))) - set(keep):
-                role, (prompt, completion) = self.rows[adapter][i]["role"], self.row_tokens[adapter][i]
-                self.stats.below_floor[role] += 1
-                self.stats.rows[role][KEPT] -= 1
-                self.stats.rows[role][BELOW_FLOOR] += 1
-                self.stats.examples[adapter] -= 1
-                self.stats.prompt_tokens[role] -= prompt
-                self.stats.completion_tokens[role] -= completion
-            for name in ("rows", "row_questions", "row_tokens"):
-                column = getattr(self, name)[adapter]
-                getattr(self, name)[adapter] = [column[i] for i in keep]
+            columns = list(zip(self.rows[adapter], self.row_questions[adapter], self.row_tokens[adapter]))
+            for row, _, (prompt, completion) in columns:
+                role = row["role"]
+                if role in thin:
+                    self.stats.below_floor[role] += 1
+                    self.stats.rows[role][KEPT] -= 1
+                    self.stats.rows[role][BELOW_FLOOR] += 1
+                    self.stats.examples[adapter] -= 1
+                    self.stats.prompt_tokens[role] -= prompt
+                    self.stats.completion_tokens[role] -= completion
+            kept = [column for column in columns if column[0]["role"] not in thin]
+            self.rows[adapter], self.row_questions[adapter], self.row_tokens[adapter] = (
+                [list(part) for part in zip(*kept)] if kept else ([], [], []))
 
     def fits_max_length(self, messages: list[dict[str, str]], completion: str) -> bool:
         """Whether TRL keeps the whole row: it cuts a row over `train.sft.max_length` from the end, which is the
