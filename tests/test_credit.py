@@ -75,6 +75,25 @@ def test_wrong_decisions_and_a_partial_answer():
     assert [d["right"] for d in decisions] == [False, True]
 
 
+def test_a_go_on_is_right_only_when_later_rounds_find_more_gold():
+    # Round 1 goes on with 1 of 2 gold; round 2 finds nothing more and goes on; round 3 finds p5 and stops. Round
+    # 1's go-on was right (p5 came later), round 2's too; a go-on after which no round found anything was wrong.
+    found_late = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=False),
+                                            maps_round(2, [["p1"]], sufficient=False),
+                                            maps_round(3, [["p5"]], sufficient=True)]), GOLD)
+    decisions = [c for c in found_late["calls"] if c["role"] == "consolidator"]
+    assert [(d["later_new"], d["right"]) for d in decisions] == [(1, True), (1, True), (0, True)]
+    futile = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=False),
+                                        maps_round(2, [["p1"]], sufficient=True)]), GOLD)
+    decisions = [c for c in futile["calls"] if c["role"] == "consolidator"]
+    # Round 1's go-on found nothing more: wrong. Round 2 stops with 1 of 2: wrong too.
+    assert [(d["later_new"], d["right"]) for d in decisions] == [(0, False), (0, False)]
+    # A go-on in the last round (the round cap ended the run) cannot be judged: no round shows what it found.
+    capped = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=False)]), GOLD)
+    assert capped["calls"][-2]["right"] is None and capped["calls"][-2]["later_new"] == 0
+    assert "known" not in capped["calls"][-2] and "followed" not in capped["calls"][-2]
+
+
 def test_no_gold_leaves_decisions_unjudged():
     credit = compute_credit(maps_trace([maps_round(1, [["p4"]], sufficient=True)]), [])
     consolidator = credit["calls"][-2]

@@ -10,8 +10,12 @@ FlashRAG-normalised title and text), each call can be credited on its own:
   i-th sub-query; the no-directions ablation's one writer call wrote them all);
 - a proposer call: the same over the sub-queries written for its directions (the round's);
 - a consolidator call: whether it stopped (`sufficient`) or went on, whether the gold found by the searches so far
-  (this round's included: the evidence it read) was complete, and whether the decision was right: stop when the
-  gold is complete, go on when it is not. A question without gold passages leaves `right` null;
+  (this round's included: the evidence it read) was complete, how many gold passages the later rounds found
+  (`later_new`), and whether the decision was right: stop when the gold is complete; go on when it is not and the
+  rounds that followed found more of it. A go-on that found nothing more was wrong: it bought rounds and no
+  evidence (version 1 called every go-on with gold missing right, and RL on it learned to search to the last
+  round, docs/learning-study.md). A go-on that no round followed (the round cap ended the run) and a question
+  without gold passages leave `right` null;
 - the answer call: Cover-EM, EM and F1 of the final answer (letter accuracy for a choice question).
 
 The credit is computed when a trace is written (`agents.engine`, which knows the question's metadata and the
@@ -28,7 +32,7 @@ from maps_train.records.evidence import GoldPassage, PassageText, found
 from maps_train.records.metrics import score_answer
 from maps_train.records.trace import RoleCall, TraceRecord
 
-CREDIT_VERSION = 1
+CREDIT_VERSION = 2  # 2: a go-on is right only when later rounds found more gold
 SEARCH_ROLES = ("writer",)  # the roles whose calls write sub-queries
 DIRECTION_ROLES = ("proposer",)
 
@@ -45,6 +49,7 @@ def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
     known: set[int] = set()  # gold found by the searches so far, in search order
     queries: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    last_round = trace.rounds[-1].index if trace.rounds else None
     for round_ in trace.rounds:
         round_queries = []
         for position, hits in enumerate(round_.retrieved):
@@ -62,11 +67,15 @@ def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
             elif call.role in DIRECTION_ROLES:
                 calls.append(_search_credit(call, round_.index, round_queries))
             elif call.role == "consolidator":
-                calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold)))
+                calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold),
+                                              followed=round_.index != last_round))
             else:
                 calls.append({"role": call.role, "round": round_.index})
     if trace.final_call is not None:
         calls.append({"role": trace.final_call.role, "round": 0, **answer_scores(trace)})
+    for entry in calls:
+        if entry["role"] == "consolidator":
+            _judge_decision(entry, later_new=len(known) - entry.pop("known"))
     return {"version": CREDIT_VERSION, "gold": len(gold), "found": len(known), "queries": queries, "calls": calls}
 
 
@@ -88,12 +97,24 @@ def _search_credit(call: RoleCall, round_index: int, entries: list[dict[str, Any
 
 
 def _decision_credit(call: RoleCall, round_index: int, sufficient: bool | None, known: int,
-                     total: int) -> dict[str, Any]:
-    stopped = bool(sufficient)
-    complete = total > 0 and known == total
-    right = None if total == 0 else (stopped == complete)
-    return {"role": call.role, "round": round_index, "stopped": stopped, "parsed": call.parse_ok,
-            "covered": known / total if total else None, "complete": complete if total else None, "right": right}
+                     total: int, followed: bool) -> dict[str, Any]:
+    """The decision as made; `_judge_decision` adds what the later rounds found and whether it was right."""
+    return {"role": call.role, "round": round_index, "stopped": bool(sufficient), "parsed": call.parse_ok,
+            "covered": known / total if total else None, "complete": (known == total) if total else None,
+            "known": known, "followed": followed}
+
+
+def _judge_decision(entry: dict[str, Any], later_new: int) -> None:
+    """Stop is right with the gold complete; go on is right with it incomplete and found more by the later rounds;
+    null without gold, or for a go-on no round followed (nothing shows what it would have found)."""
+    followed = entry.pop("followed")
+    entry["later_new"] = later_new
+    if entry["complete"] is None or (not entry["stopped"] and not followed):
+        entry["right"] = None
+    elif entry["stopped"]:
+        entry["right"] = entry["complete"]
+    else:
+        entry["right"] = not entry["complete"] and later_new > 0
 
 
 def answer_scores(trace: TraceRecord) -> dict[str, float]:
