@@ -22,12 +22,12 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from maps_train.config.names import plain_name_field, plain_name_keys, plain_name_problem
-from maps_train.config.typed import FieldError
+from maps_train.config.typed import FieldError, check_dataclass_kwargs
 from maps_train.errors import ConfigError
 from maps_train.library_options import (
     GRPO_DEFAULTS,
@@ -431,6 +431,26 @@ class RLRewardConfig:
                     raise ConfigError(f"rl.reward.{item.name}: {err.message}") from None
 
 
+def check_role_reward(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`rl.role_reward`: per role, `rl.reward` fields checked as `rl.reward` checks them (types, then each field's
+    own check), so a wrong one names rl.role_reward.<role>.<field> in one line at load."""
+    plain_name_keys(value)
+    own_checks = {item.name: item.metadata.get("check") for item in fields(RLRewardConfig)}
+    checked = {}
+    for role, override in value.items():  # each a dict: the loader checked the annotation
+        try:
+            checked[role] = check_dataclass_kwargs(RLRewardConfig, override, "rl.reward")
+            for name, item in checked[role].items():
+                if own_checks[name] is not None:
+                    try:
+                        own_checks[name](item)
+                    except FieldError as err:
+                        raise FieldError(name, err.message) from None
+        except FieldError as err:
+            raise FieldError(f"{role}.{err.key}", err.message) from None
+    return checked
+
+
 @dataclass
 class RLConfig:
     """`maps-train rl`: GRPO (TRL's GRPOTrainer) on role adapters, with MAPS as the environment."""
@@ -458,10 +478,18 @@ class RLConfig:
     decoding: Literal["deployed", "free"] = "deployed"
     seed: int = 0
     reward: RLRewardConfig = field(default_factory=RLRewardConfig)
+    # Per trained role, the rl.reward fields that differ for it: e.g. {consolidator: {cost_weight: 0.2,
+    # charge_cost: all}} prices the consolidator's rounds and leaves the writer's reward as rl.reward says. Each
+    # role's summary and checkpoints record the reward it trained under (`reward_for`).
+    role_reward: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"check": check_role_reward})
     grpo: dict[str, Any] = field(default_factory=dict, metadata={"check": check_grpo_options})
 
     def __post_init__(self) -> None:
         self.grpo = {**GRPO_DEFAULTS, **self.grpo}
+
+    def reward_for(self, role: str) -> RLRewardConfig:
+        """The reward `role` trains under: rl.reward with rl.role_reward.<role>'s fields replaced."""
+        return replace(self.reward, **self.role_reward.get(role, {}))
 
 
 @dataclass

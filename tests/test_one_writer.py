@@ -222,7 +222,7 @@ def test_an_rl_summary_of_no_step_is_not_finished(tmp_path):
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path / 'rl'}", "rl.roles=[consolidator]"])
     folder = rl_adapter_dir(recipe, "consolidator")
     folder.mkdir(parents=True)
-    summary = {"global_step": 0, "reward_settings": reward_settings(recipe)}
+    summary = {"global_step": 0, "reward_settings": reward_settings(recipe, "consolidator")}
     (folder / SUMMARY_FILE).write_text(json.dumps(summary))
     assert not is_finished(recipe, "consolidator")
     (folder / SUMMARY_FILE).write_text(json.dumps({**summary, "global_step": 2}))

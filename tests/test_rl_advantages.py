@@ -9,12 +9,14 @@ import dataclasses
 
 import pytest
 
+from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.questions import Question
 from maps_train.recipe import RLRewardConfig, load_recipe
 from maps_train.records.answer import Cost, RoleCost
 from maps_train.records.credit import compute_credit
 from maps_train.records.evidence import gold_evidence
 from maps_train.records.trace import CallUsage, RoleCall, RoundRecord, SubQueryHits, TraceRecord
+from maps_train.rl.checks import check_rl_config
 from maps_train.rl.rewards import correctness, hedges, reward_functions, reward_parts, strict_cover_em
 
 GOLD = {"supporting_paragraphs": [{"title": "Dijon", "text": "Dijon is in Burgundy.", "corpus_id": "p5"}]}
@@ -111,7 +113,7 @@ def trl_advantages(tiny_qwen3: str, tmp_path, traces: list[TraceRecord], config_
     recipe = load_recipe(None, [f"rl.num_generations={g}", f"rl.grpo.per_device_train_batch_size={g}",
                                 f"rl.output_dir={tmp_path}", "rl.roles=[consolidator]", *config_overrides])
     args = build_grpo_config(recipe, "consolidator", bf16=False, wandb_on=False)
-    funcs = reward_functions(recipe.rl.reward, ["consolidator", "answer"])
+    funcs = reward_functions(recipe.rl.reward_for("consolidator"), ["consolidator", "answer"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     tokenizer.padding_side = "left"
 
@@ -155,12 +157,12 @@ def test_trl_advantages_ignore_a_few_tokens_and_favour_the_right_branch(tiny_qwe
 def test_a_role_trained_under_other_reward_settings_is_refused_not_skipped(tmp_path):
     import json
 
-    from maps_train.errors import MapsTrainError
     from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir, rl_trainer_dir
     from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
 
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.1"])
-    assert reward_settings(recipe)["reward"]["cost_weight"] == 0.1 and reward_settings(recipe)["scale_rewards"] == "none"
+    assert reward_settings(recipe, "consolidator")["reward"]["cost_weight"] == 0.1
+    assert reward_settings(recipe, "consolidator")["scale_rewards"] == "none"
     record_reward_settings(recipe, "consolidator")  # a first run writes them
     record_reward_settings(recipe, "consolidator")  # a resume under the same ones goes on
     other = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.2", "rl.grpo.scale_rewards=group"])
@@ -170,7 +172,7 @@ def test_a_role_trained_under_other_reward_settings_is_refused_not_skipped(tmp_p
     assert (rl_trainer_dir(recipe, "consolidator") / "reward_settings.json").is_file()
     summary = rl_adapter_dir(recipe, "consolidator") / SUMMARY_FILE
     summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"reward_settings": reward_settings(recipe)}))
+    summary.write_text(json.dumps({"reward_settings": reward_settings(recipe, "consolidator")}))
     assert is_finished(recipe, "consolidator")
     with pytest.raises(MapsTrainError, match=r"rl_summary.json: rl consolidator was trained under other reward"):
         is_finished(other, "consolidator")
@@ -200,3 +202,57 @@ def test_the_policy_scores_without_dropout(tiny_qwen3, tmp_path):
         sampled = model(ids).logits
     assert torch.equal(trained, sampled)  # what TRL scores in train mode is what the policy sampled from
     assert not torch.equal(noisy.detach(), sampled)  # with dropout on it was not
+
+
+def test_a_role_reward_prices_one_role_and_leaves_the_others(tmp_path):
+    import json
+
+    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir
+    from maps_train.rl.policy_model import build_grpo_config
+    from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
+    from maps_train.rl.rewards import reward_weights
+
+    both = [f"rl.output_dir={tmp_path}", "rl.roles=[writer, consolidator]", "rl.reward.process_weight=1.0"]
+    recipe = load_recipe(None, [*both, "rl.role_reward={consolidator: {cost_weight: 0.2, charge_cost: all}}"])
+    check_rl_config(recipe)
+    consolidator, writer = recipe.rl.reward_for("consolidator"), recipe.rl.reward_for("writer")
+    assert (consolidator.cost_weight, consolidator.charge_cost, consolidator.process_weight) == (0.2, "all", 1.0)
+    assert (writer.cost_weight, writer.charge_cost, writer.process_weight) == (0.0, "right", 1.0)
+    # TRL's own GRPOConfig gets each role's weights (the cost part is the third).
+    weights = {role: build_grpo_config(recipe, role, bf16=False, wandb_on=False).reward_weights
+               for role in ("writer", "consolidator")}
+    assert weights == {role: reward_weights(recipe.rl.reward_for(role)) for role in weights}
+    assert weights["consolidator"][2] == 0.2 and weights["writer"][2] == 0.0
+    # Each role records its own reward: the consolidator's summary holds 0.2, and changing only the writer's
+    # reward leaves the finished consolidator skipped, not refused.
+    record_reward_settings(recipe, "consolidator")
+    summary = rl_adapter_dir(recipe, "consolidator") / SUMMARY_FILE
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps({"global_step": 2, "reward_settings": reward_settings(recipe, "consolidator")}))
+    writer_priced = load_recipe(None, [*both, "rl.role_reward={consolidator: {cost_weight: 0.2, charge_cost: all},"
+                                              " writer: {cost_weight: 0.5}}"])
+    assert is_finished(writer_priced, "consolidator")
+    unpriced = load_recipe(None, both)
+    with pytest.raises(MapsTrainError, match=r"reward.charge_cost, reward.cost_weight differ"):
+        is_finished(unpriced, "consolidator")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("{consolidator: {cost_wieght: 0.2}}",
+     "rl.role_reward.consolidator.cost_wieght: unknown rl.reward field (did you mean 'cost_weight'?)"),
+    ("{consolidator: {cost_weight: -1}}", "rl.role_reward.consolidator.cost_weight: must be a finite number >= 0"),
+    ("{consolidator: {charge_cost: some}}", "rl.role_reward.consolidator.charge_cost: expected one of 'right', 'all'"),
+    ("{consolidator: 0.2}", "rl.role_reward.consolidator: expected dict, got 0.2"),
+])
+def test_a_wrong_role_reward_is_one_line_naming_its_field(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_recipe(None, [f"rl.role_reward={override}"])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_role_reward_for_a_role_not_trained_is_refused(tmp_path):
+    recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.roles=[writer]",
+                                "rl.role_reward={consolidator: {cost_weight: 0.2}}"])
+    with pytest.raises(ConfigError, match=r"^rl.role_reward.consolidator: consolidator is not trained \(rl.roles: "
+                                          r"writer\)"):
+        check_rl_config(recipe)

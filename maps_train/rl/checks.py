@@ -33,6 +33,10 @@ def check_rl_config(recipe: Recipe) -> None:
         raise ConfigError(f"rl.roles: {rl.roles} train one adapter twice ({', '.join(map(str, adapters))})")
     for role in rl.roles:
         trained_trace_roles(recipe, role)
+    for role in rl.role_reward:
+        if role not in rl.roles:
+            raise ConfigError(f"rl.role_reward.{role}: {role} is not trained (rl.roles: {', '.join(rl.roles)}); "
+                              "its reward would change nothing")
     check_environment_per_rank(recipe, launched_world_size())
     if not rl.temperature > 0:
         raise ConfigError(f"rl.temperature: GRPO samples its rollouts, so it must be > 0, got {rl.temperature}")

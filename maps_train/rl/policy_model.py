@@ -34,7 +34,7 @@ def build_grpo_config(recipe: Recipe, role: str, bf16: bool, wandb_on: bool):
         num_generations=rl.num_generations,
         max_completion_length=rl.max_completion_tokens,
         temperature=rl.temperature,
-        reward_weights=reward_weights(rl.reward),
+        reward_weights=reward_weights(rl.reward_for(role)),
         bf16=bf16,
         use_cpu=on_cpu(),
         use_vllm=rl.rollout == "vllm",

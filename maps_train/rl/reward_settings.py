@@ -17,12 +17,13 @@ from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir, rl_trainer_dir
 REWARD_SETTINGS_FILE = "reward_settings.json"  # in each role's trainer folder: what its checkpoints were trained on
 
 
-def reward_settings(recipe: Recipe) -> dict[str, Any]:
-    """What decides the reward and its advantages: `rl.reward`, the GRPO options that shape the signal and how the
-    branches are decoded (`rl.decoding`: whose sampling noise a branch's reward carries). A run
-    resumed, or a finished role skipped, under other settings would mix or pass off two objectives as one."""
+def reward_settings(recipe: Recipe, role: str) -> dict[str, Any]:
+    """What decides `role`'s reward and its advantages: `rl.reward` with `rl.role_reward.<role>` over it, the GRPO
+    options that shape the signal and how the branches are decoded (`rl.decoding`: whose sampling noise a branch's
+    reward carries). A run resumed, or a finished role skipped, under other settings would mix or pass off two
+    objectives as one."""
     grpo = GRPOOptions.of(recipe.rl.grpo)
-    return {"reward": dataclasses.asdict(recipe.rl.reward), "scale_rewards": grpo.scale_rewards,
+    return {"reward": dataclasses.asdict(recipe.rl.reward_for(role)), "scale_rewards": grpo.scale_rewards,
             "mask_truncated_completions": grpo.mask_truncated_completions, "beta": grpo.beta,
             "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature,
             "decoding": recipe.rl.decoding}
@@ -39,7 +40,7 @@ def _settings_differ(recorded: Any, current: dict[str, Any]) -> list[str]:
 
 def check_reward_settings(recipe: Recipe, role: str, recorded: Any, where: Path) -> None:
     """Refuse in one line to resume or skip a role trained under other reward settings."""
-    changed = _settings_differ(recorded, reward_settings(recipe))
+    changed = _settings_differ(recorded, reward_settings(recipe, role))
     if changed:
         raise MapsTrainError(f"{where}: rl {role} was trained under other reward settings ({', '.join(changed)} "
                              f"differ); use another rl.output_dir, or remove it to retrain")
@@ -72,4 +73,4 @@ def record_reward_settings(recipe: Recipe, role: str) -> None:
             recorded = None
         check_reward_settings(recipe, role, recorded, path)
         return
-    write_text_atomic(path, json.dumps(reward_settings(recipe), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(reward_settings(recipe, role), indent=2) + "\n")

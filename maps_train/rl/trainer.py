@@ -105,7 +105,7 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     model, peft_config = load_policy_model(recipe, role, precision.dtype)
     trained_roles = trained_trace_roles(recipe, role)
     retrieved = HitLog(retriever)  # the evidence reward matches golds by title and text against these
-    funcs = reward_functions(recipe.rl.reward, trained_roles, retrieved.passages)
+    funcs = reward_functions(recipe.rl.reward_for(role), trained_roles, retrieved.passages)
     rollouts = MapsRollouts(recipe, role, {q.id: q for q in questions}, retrieved, environment_backends)
     with vllm_kernel_scan_guard(), colocated_engine_dtype(recipe, args):
         trainer = GRPOTrainer(
@@ -184,7 +184,7 @@ def role_summary(recipe: Recipe, role: str, trainer, result, seconds: float) -> 
         "num_generations": recipe.rl.num_generations,
         "rollout": "hf" if recipe.rl.rollout == "hf" else f"vllm/{trainer.args.vllm_mode}",
         "beta": GRPOOptions.of(recipe.rl.grpo).beta,
-        "reward_settings": reward_settings(recipe),
+        "reward_settings": reward_settings(recipe, role),
         "wall_seconds": round(seconds, 2),
     }
 
