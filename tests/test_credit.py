@@ -253,17 +253,21 @@ def test_analyze_credit_summarises_roles_from_traces(tmp_path):
     right = maps_trace([maps_round(1, [["p1", "p4"], ["p4"], ["p9"]], sufficient=False),
                         maps_round(2, [["p5", "p4"], ["p2"], ["p3"]], sufficient=True)])
     early = maps_trace([maps_round(1, [["p4"]], sufficient=True)], answer="Lyon")
+    # A go-on after which round 2 found nothing more (then a stop with 1 of 2): both wrong.
+    futile = maps_trace([maps_round(1, [["p4"]], sufficient=False), maps_round(2, [["p1"]], sufficient=True)],
+                        answer="Lyon")
     old = maps_trace([maps_round(1, [["p4"]], sufficient=True)])  # written before credit existed
-    for trace in (right, early):
+    for trace in (right, early, futile):
         trace.credit = compute_credit(trace, GOLD)
     path = tmp_path / "traces.jsonl"
-    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in (right, early, old)))
+    path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in (right, early, futile, old)))
     summary = credit_summary(path)
-    assert summary["traces"] == 3 and summary["no_credit"] == 1
+    assert summary["traces"] == 4 and summary["no_credit"] == 1
     writer, consolidator, answer = (summary["roles"][r] for r in ("writer", "consolidator", "answer"))
-    assert (writer["calls"], writer["found_new"], writer["new"]) == (7, 3, 3)
-    assert (consolidator["judged"], consolidator["right"], consolidator["stopped_missing"]) == (3, 2, 1)
-    assert (answer["em"], answer["judged"]) == (1.0, 2)
+    assert (writer["calls"], writer["found_new"], writer["new"]) == (9, 4, 4)
+    assert (consolidator["judged"], consolidator["right"], consolidator["stopped_missing"]) == (5, 2, 2)
+    assert consolidator["went_on_futile"] == 1
+    assert (answer["em"], answer["judged"]) == (1.0, 3)
     table = credit_markdown([("t", summary)])
-    assert "| t | consolidator | 3 | 3 | - | - | 66.7 | 33.3 | 0.0 | - | - |" in table
-    assert "| t | writer | 7 | 7 | 42.9 | 0.43 |" in table
+    assert "| t | consolidator | 5 | 5 | - | - | 40.0 | 40.0 | 0.0 | 20.0 | - | - |" in table
+    assert "| t | writer | 9 | 9 | 44.4 | 0.44 |" in table

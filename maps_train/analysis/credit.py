@@ -4,7 +4,7 @@ For a traces file (a run, a sample of `maps-train traces`, an eval system's run)
 judged (their question names gold passages), and
 - writer and proposer: the share of calls whose queries found gold no earlier search had, and the mean number new;
 - consolidator: the share of right stop-or-continue decisions, and how the wrong ones went (stopped with gold
-  missing, went on with every gold passage found);
+  missing, went on with every gold passage found, went on with gold missing and no later round found more);
 - answer: mean EM and F1.
 A trace written before credit was recorded is counted under `no credit` and judged nowhere.
 """
@@ -51,6 +51,8 @@ def credit_summary(path: str | Path) -> dict[str, Any]:
                 counts["right"] += bool(credit["right"])
                 counts["stopped_missing"] += bool(credit["stopped"]) and not credit["complete"]
                 counts["went_on_complete"] += (not credit["stopped"]) and bool(credit["complete"])
+                counts["went_on_futile"] += ((not credit["stopped"]) and not credit["complete"]
+                                             and int(credit.get("later_new", 1)) == 0)
     return {"traces": traces, "no_credit": uncredited, "roles": {role: dict(c) for role, c in sorted(roles.items())}}
 
 
@@ -61,8 +63,8 @@ def _share(counts: dict[str, float], key: str) -> str:
 
 def credit_markdown(summaries: Iterable[tuple[str, dict[str, Any]]]) -> str:
     lines = ["| traces | role | calls | judged | found new gold (%) | new gold / call | right decision (%) | "
-             "stopped with gold missing (%) | went on with all found (%) | EM | F1 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "stopped with gold missing (%) | went on with all found (%) | went on, found no more (%) | EM | F1 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, summary in summaries:
         for role, c in summary["roles"].items():
             judged = c.get("judged", 0)
@@ -76,6 +78,7 @@ def credit_markdown(summaries: Iterable[tuple[str, dict[str, Any]]]) -> str:
                 f"{per_call} | "
                 f"{_share(c, 'right') if decision else '-'} | {_share(c, 'stopped_missing') if decision else '-'} | "
                 f"{_share(c, 'went_on_complete') if decision else '-'} | "
+                f"{_share(c, 'went_on_futile') if decision else '-'} | "
                 f"{_share(c, 'em') if answer else '-'} | {_share(c, 'f1') if answer else '-'} |")
     return "\n".join(lines)
 

@@ -17,8 +17,9 @@
 - evidence: the share of the question's gold passages among every search hit (`records.evidence`, evaluation's
   `evidence_recall`).
 - process: the branch call's own credit (`records.credit`, in the trace): a writer's or proposer's share of the
-  gold passages its queries found first, a consolidator's right stop-or-continue (1 or 0), the answer call's F1;
-  0 for every branch of a question without gold passages (it then moves no advantage).
+  gold passages its queries found first, a consolidator's right stop-or-continue (1 or 0; a go-on is right only
+  when the later rounds found more gold), the answer call's F1; 0 for every branch of a question without gold
+  passages (it then moves no advantage).
 
 TRL's advantages are taken unscaled (`rl.grpo.scale_rewards: none`, maps-train's default): an advantage is a
 reward minus its group's mean, in the units above, so branches that differ by a few tokens of cost get advantages

@@ -23,8 +23,8 @@ does not carry its bad calls (rejection sampling per role, `credit_verdict`):
 
 - writer and proposer rows whose sub-queries found gold no earlier search of the question had (`new_gold`;
   dropped as `no_new_gold`);
-- consolidator rows whose stop-or-continue was right for the gold found so far (`right_decision`; dropped as
-  `wrong_decision`);
+- consolidator rows whose stop-or-continue was right: stop with the gold complete, go on with it incomplete when the
+  later rounds found more (`right_decision`; dropped as `wrong_decision`);
 - answer rows whose F1 is at least `sft_data.min_answer_f1` (`answer_f1`; dropped as `wrong_answer`);
 - with `require_parsed`, a call whose own output did not parse is dropped (`unparsed`); a question without gold
   passages cannot judge the search and stop rows (`no_gold`), and a trace written without credit none (`no_credit`).
