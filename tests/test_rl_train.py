@@ -62,6 +62,7 @@ def write_world(tmp_path: Path, adapters_dir: Path, question_count: int = 2) -> 
                "environment": "recipe",
                "output_dir": str(tmp_path / "rl"), "num_generations": 4, "max_completion_tokens": 4, "seed": 0,
                "reward": {"correctness": "f1"},
+               "role_reward": {"consolidator": {"cost_weight": 0.3, "charge_cost": "all"}},
                # The random model never writes its end-of-turn token in 4: every completion is cut, and the default
                # mask_truncated_completions would leave nothing to train on.
                "grpo": {"per_device_train_batch_size": 4, "max_steps": MAX_STEPS, "save_steps": 1,
@@ -108,6 +109,12 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     assert summary["global_step"] == MAX_STEPS
     assert summary["source_adapter"] == str(distilled) and summary["rl_adapter"] == str(out)
     assert summary["trained_roles"] == ["answer", "consolidator"]
+    # The role's own reward (rl.role_reward over rl.reward) reached TRL's GRPOConfig and was recorded.
+    reward = summary["reward_settings"]["reward"]
+    assert (reward["correctness"], reward["cost_weight"], reward["charge_cost"]) == ("f1", 0.3, "all")
+    args = torch.load(tmp_path / "rl" / "_trainer" / "consolidator" / "checkpoint-1" / "training_args.bin",
+                      weights_only=False)
+    assert list(args.reward_weights) == [1.0, 0.1, 0.3, 0.0, 0.5]  # correctness, format, cost, evidence, process
     state = json.loads((tmp_path / "rl" / "_trainer" / "consolidator" / "trainer_state.json").read_text())
     steps = [entry["step"] for entry in state["log_history"] if "reward" in entry]
     assert steps == list(range(1, MAX_STEPS + 1))  # each step once: the resumed run continued, did not restart
