@@ -228,6 +228,10 @@ class AgentConfig:
     max_turns: int = 15
     prompts_dir: str | None = None  # overrides the packaged prompt files
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # per-request sampling over the routes'
+    # Privileged hints, for teacher traces only (`traces.hint` sets it; evaluation refuses it): "gold_titles" adds
+    # to each writer call's direction the titles of the question's gold passages that its prompt already names
+    # and no search of the question has found yet. sft-data trains on the prompt without the hint.
+    hint: Literal["none", "gold_titles"] = "none"
 
 
 def check_questions_files(paths: list[str]) -> list[str]:
@@ -250,6 +254,10 @@ class TracesConfig:
     top_p: float | None = None  # used when samples_per_question > 1; null: each route's top_p
     limit: int | None = None
     seed: int = 0  # base seed of the sampled runs
+    # Rationalization (STaR): "gold_titles" shows the teacher's writer the gold passages' titles its prompt already
+    # names (agent.hint); the rows train on the prompt without them, so the student learns to name those entities
+    # unaided. Only the traces are hinted, never an evaluation.
+    hint: Literal["none", "gold_titles"] = "none"
 
 
 TRAINER_SUBDIR = "_trainer"  # under train.output_dir: checkpoints and trainer state, kept out of the adapter folders

@@ -107,6 +107,8 @@ class RolePlan:
     stop: list[str] | None = None
     # Smaller versions of `messages` for a backend whose context they do not fit (see `PromptShrinker`).
     shrink: PromptShrinker | None = None
+    # A privileged hint inside `messages` (agent.hint), recorded on the call so sft-data can train without it.
+    hint: str | None = None
 
 
 def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
@@ -117,6 +119,8 @@ def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
     agent.pop("prompts_dir", None)  # the prompt texts themselves are hashed instead
     if recipe.agent.sampling == SamplingConfig():
         agent.pop("sampling", None)  # unset: the digest stays what it was before the section existed (resumes)
+    if recipe.agent.hint == "none":
+        agent.pop("hint", None)  # likewise
     retrieval = to_dict(recipe.retrieval)
     relevant = {
         "agent": agent,
@@ -266,6 +270,7 @@ class Engine:
                 reasoning=completion.reasoning,
                 parse_error=parsed.error,
                 generated=completion.generated,
+                hint=plan.hint,
             )
             plan.run.cost.add_completion(plan.role, completion.prompt_tokens, completion.completion_tokens,
                                          completion.reasoning_tokens)

@@ -15,7 +15,7 @@ suffices or at `agent.max_rounds`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from maps_train.agents.engine import Engine, QuestionRun, RolePlan
@@ -47,6 +47,7 @@ from maps_train.agents.prompting import ShrinkableSlot
 from maps_train.agents.registry import register_method
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
+from maps_train.records.hints import HINT_SEPARATOR, gold_title_hint, searched_ids
 from maps_train.records.trace import RoundRecord, SubQueryHits, TraceRecord
 from maps_train.retrieval.base import Hit
 
@@ -171,16 +172,24 @@ class MapsEngine(Engine):
         for run, directions in zip(active, lists):
             run.current.directions = directions
 
-        plans = [
-            self._plan(
-                run, "writer", "writer", partial(parse_query, direction=direction), query_schema(), direction=direction
-            )
-            for run in active
-            for direction in run.current.directions
-        ]
+        plans = [self._writer_plan(run, direction) for run in active for direction in run.current.directions]
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.current.calls.append(call)
             plan.run.current.sub_queries.append(parsed.value["query"])
+
+    def _writer_plan(self, run: MapsRun, direction: str) -> RolePlan:
+        """The writer's call for one direction; with `agent.hint: gold_titles` (teacher traces only), the direction
+        carries the titles of the gold passages its prompt names and no search has found (`agents.hints`)."""
+        parse = partial(parse_query, direction=direction)
+        plan = self._plan(run, "writer", "writer", parse, query_schema(), direction=direction)
+        if self.agent.hint != "gold_titles":
+            return plan
+        visible = " ".join(message["content"] for message in plan.messages if message["role"] == "user")
+        hint = gold_title_hint(run.gold, visible, searched_ids(run.rounds), run.passages)
+        if hint is None:
+            return plan
+        hinted = self._plan(run, "writer", "writer", parse, query_schema(), direction=direction + HINT_SEPARATOR + hint)
+        return replace(hinted, hint=hint)
 
     def _string_lists(
         self, active: list[MapsRun], prompt: str, key: str, parse, schema: dict, role: str | None = None

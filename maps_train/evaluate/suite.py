@@ -204,6 +204,9 @@ def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
 
     path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
     recipe = apply_routes(load_recipe(str(path), spec.overrides), spec.routes, spec.adapters)
+    if recipe.agent.hint != "none":
+        raise ConfigError(f"{suite_path}: systems[{index}] ({spec.name}): agent.hint: '{recipe.agent.hint}' shows the "
+                          "agent the gold passages' titles, for teacher traces only; an evaluation must not use it")
     if spec.routes == "distilled":  # fail now, not when the engine loads the first adapter an hour in
         for role, route in recipe.roles.items():
             if route.adapter and not Path(route.adapter).is_dir():

@@ -136,10 +136,15 @@ class RoleCall:
     # The call's exact generated text (`Completion.generated`), for a method that continues the turn within the
     # question's run; not written to traces (`raw_text` and `reasoning` hold what was said).
     generated: str | None = field(default=None, repr=False, compare=False)
+    # A privileged hint the prompt carried (teacher traces with `traces.hint`): text inside `messages`' last user
+    # message that a student will not see, so its SFT row leaves it out. Written only when set.
+    hint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         del data["generated"]
+        if data["hint"] is None:
+            del data["hint"]
         return data
 
     @classmethod
@@ -155,6 +160,7 @@ class RoleCall:
             usage=CallUsage.from_dict(_get(data, "usage", dict, where), f"{where}.usage"),
             reasoning=_get(data, "reasoning", str, where, None),
             parse_error=_get(data, "parse_error", str, where, None),
+            hint=_get(data, "hint", str, where, None),
         )
 
 

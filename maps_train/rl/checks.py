@@ -22,6 +22,9 @@ def check_rl_config(recipe: Recipe) -> None:
     if rl.rollout == "vllm":
         check_vllm_rollout(GRPOOptions.of(rl.grpo))
         check_deployed_on_vllm(recipe)
+    if recipe.agent.hint != "none":
+        raise ConfigError(f"agent.hint: '{recipe.agent.hint}' shows the agent the gold passages' titles, for teacher "
+                          "traces only (traces.hint); RL episodes must run as deployed")
     if not rl.roles:
         raise ConfigError("rl.roles: name at least one role to train (proposer, writer, consolidator)")
     for field, other in (("train.output_dir", recipe.train.output_dir), ("rl.adapters_dir", rl.adapters_dir)):

@@ -28,9 +28,12 @@ from maps_train.records.shards import Shard
 
 
 def sample_recipe(recipe: Recipe, sample: int) -> Recipe:
-    """The recipe of sample `sample`: unchanged for a single sample, else with the sample's `agent.sampling`
-    (routes untouched: the shared router copied them when it was built, so changing them here would not reach it)."""
+    """The recipe of sample `sample`: with `traces.hint` as `agent.hint`, and for several samples the sample's
+    `agent.sampling` (routes untouched: the shared router copied them when it was built, so changing them here
+    would not reach it)."""
     config = recipe.traces
+    if recipe.agent.hint != config.hint:
+        recipe = dataclasses.replace(recipe, agent=dataclasses.replace(recipe.agent, hint=config.hint))
     if config.samples_per_question <= 1:
         return recipe
     current = recipe.agent.sampling

@@ -14,7 +14,7 @@ Each kept role call becomes one row of the adapter that serves that role, unless
 (`prompt_too_long`, `completion_too_long`) or longer than `train.sft.max_length` as the student's chat template
 renders prompt and completion together (`over_max_length`, see `SFTSetBuilder.fits_max_length`):
 
-    {"prompt": [messages exactly as the teacher saw them], "completion": [{"role": "assistant", "content": raw}],
+    {"prompt": [messages as the teacher saw them, less any hint], "completion": [{"role": "assistant", "content": raw}],
      "chat_template_kwargs": {"enable_thinking": false}, "question_id": ..., "role": ...}
 
 With `sft_data.filter: role` the samples are not judged whole: each call's row is kept by its own credit
@@ -67,6 +67,7 @@ from maps_train.library_options import SFTOptions
 from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.credit import call_credits, has_gold
+from maps_train.records.hints import student_messages
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
@@ -298,7 +299,8 @@ class SFTSetBuilder:
 
     def _digest(self, call: RoleCall) -> str:
         completion = completion_text(call, self.config.enable_thinking)
-        return hashlib.sha256(json.dumps([call.role, call.messages, completion], sort_keys=True).encode()).hexdigest()
+        messages = student_messages(call)
+        return hashlib.sha256(json.dumps([call.role, messages, completion], sort_keys=True).encode()).hexdigest()
 
     def _add_row(self, trace: TraceRecord, call: RoleCall) -> None:
         config, counts = self.config, self.stats.rows[call.role]
@@ -310,14 +312,15 @@ class SFTSetBuilder:
                 return
             self.seen.add(digest)
         completion = completion_text(call, config.enable_thinking)
-        prompt_tokens = self.counter.prompt(call.messages, self.kwargs)
+        messages = student_messages(call, f"question {trace.question_id}")  # a teacher's hint left out
+        prompt_tokens = self.counter.prompt(messages, self.kwargs)
         completion_tokens = self.counter.completion(completion)
         too_long = None
         if config.max_prompt_tokens is not None and prompt_tokens > config.max_prompt_tokens:
             too_long = "prompt_too_long"
         elif config.max_completion_tokens is not None and completion_tokens > config.max_completion_tokens:
             too_long = "completion_too_long"
-        elif not self.fits_max_length(call.messages, completion):
+        elif not self.fits_max_length(messages, completion):
             too_long = OVER_MAX_LENGTH
         if too_long is not None:
             self.stats.rejects[too_long] += 1
@@ -325,7 +328,7 @@ class SFTSetBuilder:
             return
         adapter = self.role_to_adapter[call.role]
         self.rows[adapter].append(
-            sft_row(call.messages, completion, config.enable_thinking, trace.question_id, call.role)
+            sft_row(messages, completion, config.enable_thinking, trace.question_id, call.role)
         )
         self.row_questions[adapter].append(_question_key(trace))
         self.row_tokens[adapter].append((prompt_tokens, completion_tokens))
