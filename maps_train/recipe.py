@@ -484,6 +484,11 @@ class RLConfig:
     # ones) decoded as deployed (greedy, schema), so a branch's reward is its branch call's. "free": every call
     # sampled at rl.temperature without a schema (before this option existed).
     decoding: Literal["deployed", "free"] = "deployed"
+    # At a branch on a yes/no decision (the consolidator's stop-or-continue): "sampled" draws it with the rest of
+    # the call; "both" fixes it by the role's grammar, stop in the even branches and go on in the odd ones (the rest
+    # of the call sampled as usual), so every such group compares the two decisions. A policy whose SFT rows were
+    # all stops samples stop in every branch: a group with one decision has no spread, so no gradient.
+    decisions: Literal["sampled", "both"] = "sampled"
     seed: int = 0
     reward: RLRewardConfig = field(default_factory=RLRewardConfig)
     # Per trained role, the rl.reward fields that differ for it: e.g. {consolidator: {cost_weight: 0.2,

@@ -38,10 +38,11 @@ def policy_model(tiny_qwen3, make_lora_adapters):
     return model, AutoTokenizer.from_pretrained(tiny_qwen3)
 
 
-def make_rollouts(policy_model, seed: int = 0, decoding: str = "free", max_rounds: int = 1, max_tokens: int = 6):
+def make_rollouts(policy_model, seed: int = 0, decoding: str = "free", max_rounds: int = 1, max_tokens: int = 6,
+                  overrides: tuple[str, ...] = ()):
     model, tokenizer = policy_model
     recipe = load_recipe(None, [f"agent.max_rounds={max_rounds}", "agent.num_directions=2", "agent.top_k=2",
-                                "roles.default.max_tokens=64", f"rl.decoding={decoding}"])
+                                "roles.default.max_tokens=64", f"rl.decoding={decoding}", *overrides])
     roles = trained_trace_roles(recipe, "consolidator")
     sampling = Sampling(temperature=1.0, max_tokens=max_tokens)
     policy = PolicyBackend(ModelSampler(lambda: model, tokenizer), tokenizer, sampling, max_model_len=2048,
@@ -235,6 +236,62 @@ def test_deployed_decoding_samples_the_branch_call_under_its_schema_and_decodes_
         group = [r for r in rollouts if r.source_id == q.id]
         assert len({tuple(r.sample.prompt_ids) for r in group}) == 1
         assert len({tuple(r.sample.completion_ids) for r in group}) > 1
+
+
+def test_both_decisions_fix_stop_in_even_branches_and_go_on_in_odd_ones(policy_model):
+    from maps_train.agents.outputs import consolidation_schema
+    from maps_train.rl.grammar import JsonGrammars
+    from maps_train.rl.policy import fixed_decision
+
+    model, tokenizer = policy_model
+    grammars = JsonGrammars(tokenizer, model.config.vocab_size)
+    # The grammar, compiled as deployed, accepts only the fixed decision.
+    for value, other in ((True, "false"), (False, "true")):
+        fixed = fixed_decision(consolidation_schema(), "sufficient", value)
+        assert grammars.matcher(fixed).accept_string(f'{{"observation":"o","state":"s","sufficient":{str(value).lower()}}}')
+        assert not grammars.matcher(fixed).accept_string(f'{{"observation":"o","state":"s","sufficient":{other}}}')
+    _, branch_rollouts, _ = make_rollouts(policy_model, decoding="deployed", max_rounds=2, max_tokens=24,
+                                          overrides=("rl.decisions=both",))
+    policy = branch_rollouts.policy
+    sent = []
+    spec_of = policy._spec
+    policy._spec = lambda request, route: sent.append(spec_of(request, route)) or sent[-1]
+    parities = set()
+    for step in range(8):  # the branch point is drawn per step: until groups branched at a consolidator
+        sent.clear()
+        for rollout in branch_rollouts.run(QUESTIONS, step=step):
+            call = [c for c in rollout.trace.all_calls() if c.role in ("consolidator", "answer")][rollout.branch_call]
+            if call.role != "consolidator":
+                continue
+            stop = rollout.branch % 2 == 0
+            # The branch call went out sampled under the grammar with the decision fixed, and every token it
+            # sampled is one that grammar accepts; no other call of the episode had its decision fixed.
+            [spec] = [s for s in sent if s.request.question_id == rollout.question.id and s.temperature == 1.0]
+            assert spec.json_schema == fixed_decision(consolidation_schema(), "sufficient", stop)
+            matcher = grammars.matcher(spec.json_schema)
+            assert all(matcher.accept_token(token) for token in rollout.sample.completion_ids)
+            later = [s for s in sent if s.request.question_id == rollout.question.id and s.temperature == 0]
+            assert all(s.json_schema in (consolidation_schema(), None) or "answer" in s.json_schema["properties"]
+                       for s in later)
+            parities.add(stop)
+        if parities == {True, False}:
+            break
+    assert parities == {True, False}
+    assert policy.fixed_decisions == {}  # each used once, on its branch call
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rl.decoding=free", "needs rl.decoding: deployed and an even rl.num_generations (got free, 4)"),
+    ("rl.num_generations=3", "needs rl.decoding: deployed and an even rl.num_generations (got deployed, 3)"),
+])
+def test_both_decisions_need_the_grammar_and_even_groups(override, message, tmp_path):
+    from maps_train.errors import ConfigError
+    from maps_train.rl.checks import check_rl_config
+
+    recipe = load_recipe(None, ["rl.decisions=both", override, "rl.grpo.per_device_train_batch_size=12",
+                                f"rl.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=f"^rl.decisions: .*{message.replace('(', '[(]').replace(')', '[)]')}"):
+        check_rl_config(recipe)
 
 
 def test_free_decoding_samples_every_policy_call_without_a_schema(policy_model):

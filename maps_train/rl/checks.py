@@ -40,6 +40,10 @@ def check_rl_config(recipe: Recipe) -> None:
         if role not in rl.roles:
             raise ConfigError(f"rl.role_reward.{role}: {role} is not trained (rl.roles: {', '.join(rl.roles)}); "
                               "its reward would change nothing")
+    if rl.decisions == "both" and (rl.decoding != "deployed" or rl.num_generations % 2):
+        raise ConfigError(f"rl.decisions: 'both' fixes the decision by the role's grammar in half the branches: it "
+                          f"needs rl.decoding: deployed and an even rl.num_generations (got {rl.decoding}, "
+                          f"{rl.num_generations})")
     check_environment_per_rank(recipe, launched_world_size())
     if not rl.temperature > 0:
         raise ConfigError(f"rl.temperature: GRPO samples its rollouts, so it must be > 0, got {rl.temperature}")

@@ -155,6 +155,15 @@ class ModelSampler:
                                 pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
 
 
+DECISION_KEYS = {"consolidator": "sufficient"}  # a role's yes/no decision: the key of its JSON output
+
+
+def fixed_decision(schema: dict[str, Any], key: str, value: bool) -> dict[str, Any]:
+    """`schema` with its boolean `key` allowed only `value` (rl.decisions: both)."""
+    properties = {**schema["properties"], key: {"type": "boolean", "enum": [value]}}
+    return {**schema, "properties": properties}
+
+
 class PolicyBackend:
     """A backend over the policy being trained; every call it answers is kept in `samples`, in order.
 
@@ -189,6 +198,8 @@ class PolicyBackend:
         self.name = name
         self.decoding = decoding
         self.explore: set[str] = set()  # episodes whose next call is the sampled branch call ("deployed")
+        # Episodes whose branch call has its yes/no decision fixed (rl.decisions: both): episode -> the value
+        self.fixed_decisions: dict[str, bool] = {}
         self.samples: list[PolicySample] = []
 
     def generate(self, requests: list[ChatRequest], routes: list[RoleRoute] | None = None) -> list[Completion]:
@@ -205,6 +216,10 @@ class PolicyBackend:
         if self.decoding == "deployed" and episode not in self.explore:
             return spec
         self.explore.discard(episode)
+        fixed = self.fixed_decisions.pop(episode, None)
+        key = DECISION_KEYS.get(request.role)
+        if fixed is not None and key and spec.json_schema and key in spec.json_schema.get("properties", {}):
+            spec = dataclasses.replace(spec, json_schema=fixed_decision(spec.json_schema, key, fixed))
         return dataclasses.replace(spec, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                    max_tokens=self.sampling.max_tokens)
 

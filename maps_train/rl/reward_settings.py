@@ -23,10 +23,13 @@ def reward_settings(recipe: Recipe, role: str) -> dict[str, Any]:
     reward carries). A run resumed, or a finished role skipped, under other settings would mix or pass off two
     objectives as one."""
     grpo = GRPOOptions.of(recipe.rl.grpo)
-    return {"reward": dataclasses.asdict(recipe.rl.reward_for(role)), "scale_rewards": grpo.scale_rewards,
-            "mask_truncated_completions": grpo.mask_truncated_completions, "beta": grpo.beta,
-            "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature,
-            "decoding": recipe.rl.decoding}
+    settings = {"reward": dataclasses.asdict(recipe.rl.reward_for(role)), "scale_rewards": grpo.scale_rewards,
+                "mask_truncated_completions": grpo.mask_truncated_completions, "beta": grpo.beta,
+                "num_generations": recipe.rl.num_generations, "temperature": recipe.rl.temperature,
+                "decoding": recipe.rl.decoding}
+    if recipe.rl.decisions != "sampled":  # recorded when set, so runs recorded before the option still resume
+        settings["decisions"] = recipe.rl.decisions
+    return settings
 
 
 def _settings_differ(recorded: Any, current: dict[str, Any]) -> list[str]:

@@ -238,6 +238,7 @@ class BranchRollouts:
             raise MapsTrainError("rl rollout: a question twice in one batch (its episodes would share ids)")
         self.policy.samples.clear()
         self.policy.explore = set()  # the pilot: every call as the policy decodes it outside a branch call
+        self.policy.fixed_decisions = {}
         pilots = CallLog(self.router)
         self.engine(pilots, step).run_batch([dataclasses.replace(q, id=branch_id(q.id, PILOT)) for q in questions])
         prefixes: dict[str, list[LoggedCall]] = {}
@@ -255,6 +256,9 @@ class BranchRollouts:
                 prefixes[branch_id(question.id, g)] = calls[:point]
         branches = [dataclasses.replace(q, id=branch_id(q.id, g)) for q in questions for g in range(self.num_generations)]
         self.policy.explore = {branch.id for branch in branches}  # each branch's first live call is sampled
+        if self.recipe.rl.decisions == "both":  # a decision branch call: stop in even branches, go on in odd ones
+            self.policy.fixed_decisions = {branch_id(q.id, g): g % 2 == 0 for q in questions
+                                           for g in range(self.num_generations)}
         traces = self.engine(ReplayBackend(self.router, prefixes), step).run_batch(branches)
         return [self._rollout(branch, trace, branch_calls, i) for i, (branch, trace) in
                 enumerate(zip(branches, traces))]
