@@ -179,7 +179,7 @@ class MapsEngine(Engine):
 
     def _writer_plan(self, run: MapsRun, direction: str) -> RolePlan:
         """The writer's call for one direction; with `agent.hint: gold_titles` (teacher traces only), the direction
-        carries the titles of the gold passages its prompt names and no search has found (`agents.hints`)."""
+        carries the titles of the gold passages its prompt names and no search has found (`records.hints`)."""
         parse = partial(parse_query, direction=direction)
         plan = self._plan(run, "writer", "writer", parse, query_schema(), direction=direction)
         if self.agent.hint != "gold_titles":

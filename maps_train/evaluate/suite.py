@@ -41,6 +41,7 @@ from maps_train.evaluate.summary import AVG
 from maps_train.paths import write_text_atomic
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
+from maps_train.records.hints import refuse_hint
 from maps_train.records.shards import Shard
 from maps_train.records.store import absent
 from maps_train.runlock import sole_writer
@@ -204,9 +205,7 @@ def load_system_recipe(spec: SystemSpec, index: int, suite_path: Path) -> Any:
 
     path = resolve_recipe_path(spec.recipe, suite_path, f"systems[{index}].recipe")
     recipe = apply_routes(load_recipe(str(path), spec.overrides), spec.routes, spec.adapters)
-    if recipe.agent.hint != "none":
-        raise ConfigError(f"{suite_path}: systems[{index}] ({spec.name}): agent.hint: '{recipe.agent.hint}' shows the "
-                          "agent the gold passages' titles, for teacher traces only; an evaluation must not use it")
+    refuse_hint(recipe.agent.hint, f"{suite_path}: systems[{index}] ({spec.name}): ", "an evaluation must not use it")
     if spec.routes == "distilled":  # fail now, not when the engine loads the first adapter an hour in
         for role, route in recipe.roles.items():
             if route.adapter and not Path(route.adapter).is_dir():

@@ -49,6 +49,7 @@ def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
     known: set[int] = set()  # gold found by the searches so far, in search order
     queries: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    decisions: list[tuple[dict[str, Any], int, bool]] = []  # (entry, gold known then, a later round followed)
     last_round = trace.rounds[-1].index if trace.rounds else None
     for round_ in trace.rounds:
         round_queries = []
@@ -67,15 +68,14 @@ def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
             elif call.role in DIRECTION_ROLES:
                 calls.append(_search_credit(call, round_.index, round_queries))
             elif call.role == "consolidator":
-                calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold),
-                                              followed=round_.index != last_round))
+                calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold)))
+                decisions.append((calls[-1], len(known), round_.index != last_round))
             else:
                 calls.append({"role": call.role, "round": round_.index})
     if trace.final_call is not None:
         calls.append({"role": trace.final_call.role, "round": 0, **answer_scores(trace)})
-    for entry in calls:
-        if entry["role"] == "consolidator":
-            _judge_decision(entry, later_new=len(known) - entry.pop("known"))
+    for entry, known_then, followed in decisions:
+        _judge_decision(entry, len(known) - known_then, followed)
     return {"version": CREDIT_VERSION, "gold": len(gold), "found": len(known), "queries": queries, "calls": calls}
 
 
@@ -97,17 +97,15 @@ def _search_credit(call: RoleCall, round_index: int, entries: list[dict[str, Any
 
 
 def _decision_credit(call: RoleCall, round_index: int, sufficient: bool | None, known: int,
-                     total: int, followed: bool) -> dict[str, Any]:
+                     total: int) -> dict[str, Any]:
     """The decision as made; `_judge_decision` adds what the later rounds found and whether it was right."""
     return {"role": call.role, "round": round_index, "stopped": bool(sufficient), "parsed": call.parse_ok,
-            "covered": known / total if total else None, "complete": (known == total) if total else None,
-            "known": known, "followed": followed}
+            "covered": known / total if total else None, "complete": (known == total) if total else None}
 
 
-def _judge_decision(entry: dict[str, Any], later_new: int) -> None:
+def _judge_decision(entry: dict[str, Any], later_new: int, followed: bool) -> None:
     """Stop is right with the gold complete; go on is right with it incomplete and found more by the later rounds;
     null without gold, or for a go-on no round followed (nothing shows what it would have found)."""
-    followed = entry.pop("followed")
     entry["later_new"] = later_new
     if entry["complete"] is None or (not entry["stopped"] and not followed):
         entry["right"] = None

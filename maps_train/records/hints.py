@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from maps_train.errors import MapsTrainError
+from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.records.evidence import GoldPassage, found
 from maps_train.records.metrics import normalize_answer
 from maps_train.records.trace import RoleCall, RoundRecord
@@ -33,7 +33,7 @@ def gold_title_hint(gold: Sequence[GoldPassage], visible: str, searched: Sequenc
     titles = []
     for passage in gold:
         title = normalize_answer(passage.title)
-        if title and f" {title} " in seen and not found(passage, list(searched), passages):
+        if title and f" {title} " in seen and not found(passage, searched, passages):
             titles.append(passage.title)
     titles = list(dict.fromkeys(titles))
     if not titles:
@@ -41,6 +41,13 @@ def gold_title_hint(gold: Sequence[GoldPassage], visible: str, searched: Sequenc
     named = "; ".join(f'"{title}"' for title in titles)
     return f"Hint: the passages this question needs include the Wikipedia article{'s' if len(titles) > 1 else ''} " \
            f"{named}."
+
+
+def refuse_hint(hint: str, where: str, why: str) -> None:
+    """A one-line error for a run that must not see a hint (an evaluation, RL episodes) with `agent.hint` set."""
+    if hint != "none":
+        raise ConfigError(f"{where}agent.hint: '{hint}' shows the agent the gold passages' titles, for teacher "
+                          f"traces only (traces.hint); {why}")
 
 
 def student_messages(call: RoleCall, where: str = "call") -> list[dict[str, str]]:
@@ -54,4 +61,4 @@ def student_messages(call: RoleCall, where: str = "call") -> list[dict[str, str]
     return [*head, {**last, "content": last["content"].replace(marked, "", 1)}]
 
 
-__all__ = ["HINT_SEPARATOR", "gold_title_hint", "searched_ids", "student_messages"]
+__all__ = ["HINT_SEPARATOR", "gold_title_hint", "refuse_hint", "searched_ids", "student_messages"]

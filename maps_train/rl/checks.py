@@ -10,6 +10,7 @@ from typing import Any
 from maps_train.errors import ConfigError
 from maps_train.library_options import GRPOOptions
 from maps_train.recipe import Recipe, adapter_of_role, route_for
+from maps_train.records.hints import refuse_hint
 from maps_train.rl.environment import environment_recipe
 from maps_train.rl.layout import launched_world_size
 from maps_train.rl.rollout import trained_trace_roles
@@ -22,9 +23,7 @@ def check_rl_config(recipe: Recipe) -> None:
     if rl.rollout == "vllm":
         check_vllm_rollout(GRPOOptions.of(rl.grpo))
         check_deployed_on_vllm(recipe)
-    if recipe.agent.hint != "none":
-        raise ConfigError(f"agent.hint: '{recipe.agent.hint}' shows the agent the gold passages' titles, for teacher "
-                          "traces only (traces.hint); RL episodes must run as deployed")
+    refuse_hint(recipe.agent.hint, "", "RL episodes must run as deployed")
     if not rl.roles:
         raise ConfigError("rl.roles: name at least one role to train (proposer, writer, consolidator)")
     for field, other in (("train.output_dir", recipe.train.output_dir), ("rl.adapters_dir", rl.adapters_dir)):
