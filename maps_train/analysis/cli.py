@@ -1,4 +1,4 @@
-"""`maps-train analyze momentum|drift|stops|suite`: tables (Markdown, CSV) and PNG plots under --out.
+"""`maps-train analyze momentum|drift|stops|suite|credit|queries`: tables (Markdown, CSV) and PNG plots under --out.
 
 Every command takes INPUTs: an eval suite's output folder, a system's or a run's folder, a run's traces/answers
 file, or a JSONL file (sub-query rows, MuSiQue rows, answer records); `--input METHOD=PATH` names one.
@@ -215,6 +215,28 @@ def credit_command(
         out.write_text(table + "\n", encoding="utf-8")
 
 
+def queries_command(
+    runs: list[Path] = typer.Argument(..., help="Traces files, or folders holding them (an eval system's run folder)"),
+    against: Path = typer.Option(None, help="A reference run on the same questions (Vanilla RAG's traces or folder)"),
+    out: Path = typer.Option(None, help="Also write the Markdown tables here"),
+) -> None:
+    """Sub-queries against the question's own search: searches, collapsed directions, question echoes, evidence
+    recall; with --against, the gold passages only the run or only the reference found (maps_train/analysis/
+    queries.py)."""
+    from maps_train.analysis.queries import against_summary, queries_markdown, read_searches, run_summary
+
+    searched = [(str(path), *read_searches(path)) for path in runs]
+    reference = read_searches(against)[0] if against is not None else None
+    table = queries_markdown(
+        [(name, run_summary(searches, uncredited)) for name, searches, uncredited in searched],
+        [(name, str(against), against_summary(searches, reference)) for name, searches, _ in searched]
+        if reference is not None else None)
+    typer.echo(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n", encoding="utf-8")
+
+
 def register(app: typer.Typer) -> None:
     analyze_app = typer.Typer(help="Search momentum, drift and stop-round analyses.", no_args_is_help=True)
     app.add_typer(analyze_app, name="analyze")
@@ -223,3 +245,4 @@ def register(app: typer.Typer) -> None:
     analyze_app.command("stops")(stops_command)
     analyze_app.command("suite")(suite_command)
     analyze_app.command("credit")(credit_command)
+    analyze_app.command("queries")(queries_command)
