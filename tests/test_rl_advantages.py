@@ -250,9 +250,17 @@ def test_a_wrong_role_reward_is_one_line_naming_its_field(override, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_role_reward_for_a_role_not_trained_is_refused(tmp_path):
+def test_a_role_reward_names_a_role_or_is_refused(tmp_path):
+    # A role this run does not train keeps its entry for the run that does: the study's recipe prices the
+    # consolidator, and `rl.roles=[writer]` RLs the writer alone under its own (unpriced) reward.
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.roles=[writer]",
                                 "rl.role_reward={consolidator: {cost_weight: 0.2}}"])
-    with pytest.raises(ConfigError, match=r"^rl.role_reward.consolidator: consolidator is not trained \(rl.roles: "
-                                          r"writer\)"):
-        check_rl_config(recipe)
+    check_rl_config(recipe)
+    assert recipe.rl.reward_for("writer") == recipe.rl.reward
+    assert recipe.rl.reward_for("consolidator").cost_weight == 0.2
+    typo = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.roles=[writer]",
+                              "rl.role_reward={consolidater: {cost_weight: 0.2}}"])
+    with pytest.raises(ConfigError, match=r"^rl.role_reward.consolidater: no role of sft_data.adapter_roles "
+                                          r"\(did you mean 'consolidator'\?\)") as err:
+        check_rl_config(typo)
+    assert "\n" not in str(err.value)

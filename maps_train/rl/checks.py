@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,10 +36,15 @@ def check_rl_config(recipe: Recipe) -> None:
         raise ConfigError(f"rl.roles: {rl.roles} train one adapter twice ({', '.join(map(str, adapters))})")
     for role in rl.roles:
         trained_trace_roles(recipe, role)
+    # A role that this run does not train keeps its entry for the run that does (a recipe's roles are often RL'd one
+    # at a time, `rl.roles=[writer]`); a name that is no role at all is a typo that would price nothing.
+    roles = adapter_of_role(recipe)
     for role in rl.role_reward:
-        if role not in rl.roles:
-            raise ConfigError(f"rl.role_reward.{role}: {role} is not trained (rl.roles: {', '.join(rl.roles)}); "
-                              "its reward would change nothing")
+        if role not in roles:
+            close = difflib.get_close_matches(role, roles, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"rl.role_reward.{role}: no role of sft_data.adapter_roles{hint} "
+                              f"({', '.join(sorted(roles))}); its reward would price nothing")
     if rl.decisions == "both" and (rl.decoding != "deployed" or rl.num_generations % 2):
         raise ConfigError(f"rl.decisions: 'both' fixes the decision by the role's grammar in half the branches: it "
                           f"needs rl.decoding: deployed and an even rl.num_generations (got {rl.decoding}, "
