@@ -232,6 +232,11 @@ class AgentConfig:
     # to each writer call's direction the titles of the question's gold passages that its prompt already names
     # and no search of the question has found yet. sft-data trains on the prompt without the hint.
     hint: Literal["none", "gold_titles"] = "none"
+    # MAPS: round 1 also searches the question itself, before the sub-queries (Vanilla RAG's one search, no model
+    # call). Off: the paper's MAPS, sub-queries only. Measured (docs/learning-study.md): the 135M distilled agent's
+    # recall equals Vanilla RAG's wherever a sub-query echoes the question and trails it elsewhere. With it on, the
+    # credit of the round's writer and proposer calls counts only the gold the question's search missed.
+    search_question: bool = False
 
 
 def check_questions_files(paths: list[str]) -> list[str]:

@@ -121,6 +121,8 @@ def config_digest(recipe: Recipe, prompt_digests: dict[str, str]) -> str:
         agent.pop("sampling", None)  # unset: the digest stays what it was before the section existed (resumes)
     if recipe.agent.hint == "none":
         agent.pop("hint", None)  # likewise
+    if not recipe.agent.search_question:
+        agent.pop("search_question", None)  # likewise
     retrieval = to_dict(recipe.retrieval)
     relevant = {
         "agent": agent,

@@ -48,7 +48,7 @@ from maps_train.agents.registry import register_method
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
 from maps_train.records.hints import HINT_SEPARATOR, gold_title_hint, searched_ids
-from maps_train.records.trace import RoundRecord, SubQueryHits, TraceRecord
+from maps_train.records.trace import QUESTION_SEARCHED, RoundRecord, SubQueryHits, TraceRecord
 from maps_train.retrieval.base import Hit
 
 NO_EARLIER_ROUNDS = "(no earlier rounds)"
@@ -148,6 +148,8 @@ class MapsEngine(Engine):
             for run in active:
                 run.start_round()
             self._write_sub_queries(active)
+            if self.agent.search_question:
+                self._search_question_first(active)
             self._retrieve(active)
             self._consolidate(active)
             active = [run for run in active if not self._stopped(run)]
@@ -176,6 +178,15 @@ class MapsEngine(Engine):
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.current.calls.append(call)
             plan.run.current.sub_queries.append(parsed.value["query"])
+
+    @staticmethod
+    def _search_question_first(active: list[MapsRun]) -> None:
+        """`agent.search_question`: round 1 searches the question text before the written sub-queries; the round
+        records it (`extra.question_searched`) so credit and the analyses tell it from what the writer wrote."""
+        for run in active:
+            if len(run.rounds) == 1:
+                run.current.sub_queries.insert(0, run.question.question)
+                run.current.extra[QUESTION_SEARCHED] = True
 
     def _writer_plan(self, run: MapsRun, direction: str) -> RolePlan:
         """The writer's call for one direction; with `agent.hint: gold_titles` (teacher traces only), the direction

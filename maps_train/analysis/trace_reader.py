@@ -7,7 +7,8 @@ So one rule reads every method: a round is a searched round when `retrieved` is 
 are the `retrieved` queries. What differs per method is which searches the method WROTE:
 
 - `maps` (and its ablations, which run as method `maps` with switches: no directions, one direction, coupled
-  prompts): every round's N sub-queries, written by the writer.
+  prompts): every round's N sub-queries, written by the writer; with `agent.search_question`, round 1 first
+  searches the question text (`extra.question_searched`), left out like vanilla's below.
 - `search_o1`: one query per searching turn (`extra.action == "search"`).
 - `parallel_search`: the `##`-separated sub-queries of each search call, one round per call.
 - `s3`: round 1 is the engine's initial retrieval with the question text itself, then one query per searching
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
-from maps_train.records.trace import RoundRecord, TraceRecord, iter_traces
+from maps_train.records.trace import QUESTION_SEARCHED, RoundRecord, TraceRecord, iter_traces
 
 # Per method: is this searched round a search of the question text itself (not a written sub-query)?
 QuestionSearch = Callable[[RoundRecord], bool]
@@ -53,6 +54,8 @@ def searched_rounds(trace: TraceRecord, include_question_searches: bool = False)
     rounds = []
     for round_ in trace.rounds:
         queries = [hit.query for hit in round_.retrieved]
+        if round_.extra.get(QUESTION_SEARCHED) and not include_question_searches:
+            queries = queries[1:]  # MAPS agent.search_question: round 1's search of the question text
         if not queries:
             continue
         if not include_question_searches and is_question_search(round_):

@@ -9,6 +9,9 @@ FlashRAG-normalised title and text), each call can be credited on its own:
 - a writer call: the same over the sub-queries it wrote (MAPS: the i-th writer call of a round wrote the round's
   i-th sub-query; the no-directions ablation's one writer call wrote them all);
 - a proposer call: the same over the sub-queries written for its directions (the round's);
+- with `agent.search_question`, round 1's first search is the question itself: it is credited as a search (its
+  gold counts as found), no call wrote it, and the writers and proposer after it are credited with the gold it
+  missed;
 - a consolidator call: whether it stopped (`sufficient`) or went on, whether the gold found by the searches so far
   (this round's included: the evidence it read) was complete, how many gold passages the later rounds found
   (`later_new`), and whether the decision was right: stop when the gold is complete; go on when it is not and the
@@ -30,7 +33,7 @@ from typing import Any
 
 from maps_train.records.evidence import GoldPassage, PassageText, found
 from maps_train.records.metrics import score_answer
-from maps_train.records.trace import RoleCall, TraceRecord
+from maps_train.records.trace import QUESTION_SEARCHED, RoleCall, TraceRecord
 
 CREDIT_VERSION = 2  # 2: a go-on is right only when later rounds found more gold
 SEARCH_ROLES = ("writer",)  # the roles whose calls write sub-queries
@@ -60,13 +63,16 @@ def compute_credit(trace: TraceRecord, gold: Sequence[GoldPassage],
             entry = {"round": round_.index, "position": position, "gold": sorted(hit_gold), "new": len(new)}
             queries.append(entry)
             round_queries.append(entry)
+        # The question's own search (agent.search_question) came first and no call wrote it: the writers and the
+        # proposer are credited only with the gold it missed.
+        written = round_queries[1:] if round_.extra.get(QUESTION_SEARCHED) else round_queries
         writers = [call for call in round_.calls if call.role in SEARCH_ROLES]
-        writer_queries = _writer_queries(writers, round_queries)
+        writer_queries = _writer_queries(writers, written)
         for call in round_.calls:
             if call.role in SEARCH_ROLES:
                 calls.append(_search_credit(call, round_.index, writer_queries.pop(0)))
             elif call.role in DIRECTION_ROLES:
-                calls.append(_search_credit(call, round_.index, round_queries))
+                calls.append(_search_credit(call, round_.index, written))
             elif call.role == "consolidator":
                 calls.append(_decision_credit(call, round_.index, round_.sufficient, len(known), len(gold)))
                 decisions.append((calls[-1], len(known), round_.index != last_round))

@@ -176,6 +176,11 @@ class SubQueryHits:
         return cls(query=_get(data, "query", str, where), passage_ids=_str_list(data, "passage_ids", where))
 
 
+# `RoundRecord.extra` key: the round's first search was the question text itself (MAPS `agent.search_question`),
+# not a sub-query a writer wrote.
+QUESTION_SEARCHED = "question_searched"
+
+
 @dataclass
 class RoundRecord:
     """One round (MAPS) or one turn (baselines): its calls in the order made, and its retrieval."""
