@@ -87,8 +87,8 @@ def test_gold_only_the_run_or_only_the_reference_found(runs):
     assert against["run_recall_echo"] == against["reference_recall_echo"] == pytest.approx(0.5)
     assert against["run_recall_no_echo"] == pytest.approx(0.25)
     assert against["reference_recall_no_echo"] == pytest.approx(0.75)
-    table = queries_markdown([("maps", run_summary(read_searches(maps_path)[0]))], [("maps", "vanilla", against)])
-    assert "| maps | 3 | 2.33 | 1.75 | 1.6 | 33.3 | 33.3 | 50.0 | 25.0 |" in table
+    table = queries_markdown([("maps", run_summary(*read_searches(maps_path)))], [("maps", "vanilla", against)])
+    assert "| maps | 3 | 1 | 2.33 | 1.75 | 1.6 | 33.3 | 33.3 | 50.0 | 25.0 |" in table
     assert "| maps | vanilla | 3 | 6 | 2 | 0 | 2 | 33.3 / 66.7 | 50.0 / 50.0 (1) | 25.0 / 75.0 (2) |" in table
 
 

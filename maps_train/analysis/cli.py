@@ -220,7 +220,7 @@ def queries_command(
     against: Path = typer.Option(None, help="A reference run on the same questions (Vanilla RAG's traces or folder)"),
     out: Path = typer.Option(None, help="Also write the Markdown tables here"),
 ) -> None:
-    """Sub-queries against the question's own search: searches, collapsed directions, question echoes, evidence
+    """Sub-queries against the question's own search: searches, directions per round, question echoes, evidence
     recall; with --against, the gold passages only the run or only the reference found (maps_train/analysis/
     queries.py)."""
     from maps_train.analysis.queries import against_summary, queries_markdown, read_searches, run_summary

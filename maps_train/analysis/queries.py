@@ -137,11 +137,11 @@ def _num(value: float | None, digits: int = 1) -> str:
 def queries_markdown(runs: list[tuple[str, dict[str, Any]]],
                      against: list[tuple[str, str, dict[str, Any]]] | None = None) -> str:
     """The per-run table and, when given, the run-against-reference table."""
-    lines = ["| traces | questions | searches / question | directions / round | words / query | "
+    lines = ["| traces | questions | no credit | searches / question | directions / round | words / query | "
              "echo the question (%) | evidence recall | recall, echo | recall, no echo |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in runs:
-        lines.append(f"| {name} | {s['questions']} | {_num(s['searches_per_question'], 2)} | "
+        lines.append(f"| {name} | {s['questions']} | {s['no_credit']} | {_num(s['searches_per_question'], 2)} | "
                      f"{_num(s['directions_per_round'], 2)} | {_num(s['words_per_query'])} | {_pct(s['echo_share'])} | "
                      f"{_pct(s['recall'])} | {_pct(s['recall_echo'])} | {_pct(s['recall_no_echo'])} |")
     if against:
