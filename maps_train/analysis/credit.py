@@ -16,18 +16,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from maps_train.errors import MapsTrainError
+from maps_train.analysis.trace_reader import iter_valid_traces
 from maps_train.records.credit import call_credits
-from maps_train.records.trace import TraceFormatError, iter_traces
 
 
 def credit_summary(path: str | Path) -> dict[str, Any]:
     """The per-role credit of every trace in `path` (see the module docstring)."""
     roles: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     traces = uncredited = 0
-    for _, trace in iter_traces(path):
-        if isinstance(trace, TraceFormatError):
-            raise MapsTrainError(str(trace))
+    for trace in iter_valid_traces(path):
         traces += 1
         if trace.credit is None:
             uncredited += 1

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maps_train.analysis.trace_reader import iter_valid_traces
 from maps_train.errors import MapsTrainError
 from maps_train.records.metrics import normalize_answer
-from maps_train.records.trace import TraceFormatError, TraceRecord, iter_traces
+from maps_train.records.trace import TraceRecord
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,7 @@ def read_searches(path: str | Path) -> tuple[dict[tuple[str, str], QuestionSearc
     searches: dict[tuple[str, str], QuestionSearch] = {}
     uncredited = 0
     for file in traces_files(path):
-        for _, trace in iter_traces(file):
-            if isinstance(trace, TraceFormatError):
-                raise MapsTrainError(str(trace))
+        for trace in iter_valid_traces(file):
             if trace.credit is None:
                 uncredited += 1
                 continue

@@ -24,7 +24,7 @@ rounds read equals the record's `retrieval_rounds`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from maps_train.errors import MapsTrainError
@@ -64,11 +64,14 @@ def searched_rounds(trace: TraceRecord, include_question_searches: bool = False)
     return rounds
 
 
-def read_traces(path: str | Path) -> list[TraceRecord]:
-    """Every trace of a `traces.jsonl`; the first bad line is an error naming file and line."""
-    traces = []
+def iter_valid_traces(path: str | Path) -> Iterator[TraceRecord]:
+    """Every trace of a `traces.jsonl`, in order; the first bad line is an error naming file and line."""
     for _, record in iter_traces(path):
         if isinstance(record, Exception):
             raise MapsTrainError(str(record))
-        traces.append(record)
-    return traces
+        yield record
+
+
+def read_traces(path: str | Path) -> list[TraceRecord]:
+    """Every trace of a `traces.jsonl`; the first bad line is an error naming file and line."""
+    return list(iter_valid_traces(path))
