@@ -27,6 +27,12 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def did_you_mean(name: str, names: Any) -> str:
+    """` (did you mean 'x'?)` naming the nearest of `names` to `name`, or "" when none is near."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     """`get_type_hints(cls)`, once per class: it evaluates every annotation, and a section of many entries (routes)
@@ -115,8 +121,7 @@ def build(cls: type[T], raw: dict[str, Any], prefix: str, source: Source) -> T:
         if key not in fields:
             # A section may know where a key it does not hold belongs (`unknown_key_hint`, e.g. moved keys).
             moved = getattr(cls, "unknown_key_hint", lambda _: None)(str(key))
-            close = [moved] if moved else difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            hint = f" (did you mean '{moved}'?)" if moved else did_you_mean(str(key), fields)
             raise ConfigError(f"{source_of(source, where)}: {where}: unknown key{hint}")
         kwargs[key] = _checked(fields[key], _coerce(value, hints[key], where, source), where, source)
     missing = [
@@ -165,9 +170,7 @@ def check_dataclass_kwargs(cls: type, raw: dict[str, Any], what: str) -> dict[st
     checked = {}
     for key, value in raw.items():
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise FieldError(str(key), f"unknown {what} field{hint}")
+            raise FieldError(str(key), f"unknown {what} field{did_you_mean(str(key), names)}")
         try:
             checked[key] = _coerce(value, hints.get(key, Any), str(key), "")
         except ConfigError:

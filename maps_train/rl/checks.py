@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from maps_train.config.typed import did_you_mean
 from maps_train.errors import ConfigError
 from maps_train.library_options import GRPOOptions
 from maps_train.recipe import Recipe, adapter_of_role, route_for
@@ -31,19 +31,17 @@ def check_rl_config(recipe: Recipe) -> None:
         if other and Path(rl.output_dir).expanduser().resolve() == Path(other).expanduser().resolve():
             raise ConfigError(f"rl.output_dir: {rl.output_dir} is {field}, another stage's folder (its checkpoints "
                               "would be resumed and its adapters overwritten); give rl a folder of its own")
-    adapters = [adapter_of_role(recipe).get(role) for role in rl.roles]
+    roles = adapter_of_role(recipe)
+    adapters = [roles.get(role) for role in rl.roles]
     if len(set(adapters)) != len(adapters):
         raise ConfigError(f"rl.roles: {rl.roles} train one adapter twice ({', '.join(map(str, adapters))})")
     for role in rl.roles:
         trained_trace_roles(recipe, role)
     # A role that this run does not train keeps its entry for the run that does (a recipe's roles are often RL'd one
     # at a time, `rl.roles=[writer]`); a name that is no role at all is a typo that would price nothing.
-    roles = adapter_of_role(recipe)
     for role in rl.role_reward:
         if role not in roles:
-            close = difflib.get_close_matches(role, roles, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"rl.role_reward.{role}: no role of sft_data.adapter_roles{hint} "
+            raise ConfigError(f"rl.role_reward.{role}: no role of sft_data.adapter_roles{did_you_mean(role, roles)} "
                               f"({', '.join(sorted(roles))}); its reward would price nothing")
     if rl.decisions == "both" and (rl.decoding != "deployed" or rl.num_generations % 2):
         raise ConfigError(f"rl.decisions: 'both' fixes the decision by the role's grammar in half the branches: it "
