@@ -39,18 +39,32 @@ def first_passage_question(short_corpus) -> Question:
                     metadata={"supporting_paragraphs": [{"title": title, "text": text, "corpus_id": row["id"]}]})
 
 
+class Searched:
+    """The real BM25 retriever, with the queries it was sent kept in order."""
+
+    def __init__(self, retriever):
+        self.retriever, self.queries = retriever, []
+
+    def search(self, queries, k):
+        self.queries.extend(queries)
+        return self.retriever.search(queries, k)
+
+
 def run(tmp_path, bm25, question, *overrides):
     recipe = load_recipe(None, ["agent.num_directions=2", "agent.max_rounds=2", "agent.top_k=3", *overrides])
     backend = ScriptedBackend({"consolidator": consolidator_sufficient_after(2)})  # scripted queries: no gold
-    run_method(recipe, [question], tmp_path, backend=backend, retriever=bm25, progress=False)
+    retriever = Searched(bm25)
+    run_method(recipe, [question], tmp_path, backend=backend, retriever=retriever, progress=False)
     [(_, trace)] = list(iter_traces(tmp_path / "traces.jsonl"))
-    return trace
+    return trace, retriever.queries
 
 
 def test_round_one_searches_the_question_first_on_a_real_bm25_index(bm25, short_corpus, tmp_path):
     question = first_passage_question(short_corpus)
-    on = run(tmp_path / "on", bm25, question, "agent.search_question=true")
-    off = run(tmp_path / "off", bm25, question)
+    on, sent_on = run(tmp_path / "on", bm25, question, "agent.search_question=true")
+    off, sent_off = run(tmp_path / "off", bm25, question)
+    # What reached the retriever: the question once, first, then what the writers wrote, as without the option.
+    assert sent_on == [question.question, *sent_off] and question.question not in sent_off
     first, second = on.rounds
     assert first.extra[QUESTION_SEARCHED] is True and QUESTION_SEARCHED not in second.extra
     assert [hits.query for hits in first.retrieved] == first.sub_queries
