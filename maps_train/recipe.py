@@ -305,7 +305,8 @@ class SFTDataConfig:
     # A role whose kept rows are fewer than this keeps none: a handful of rows teaches a constant (the learning
     # study's 4 answer rows, mostly "yes", made the distilled agent answer "yes" to 107 of 152 dev questions). Its
     # adapter is then trained without it, records so (`rows_per_role` in its `train_summary.json`), and the
-    # distilled routes send that role to the base model. 0: no floor.
+    # distilled routes send that role to the base model; an adapter with no row left is not trained at all
+    # (maps_train/train/unlearned.py). 0: no floor.
     min_rows_per_role: int = field(default=0, metadata={"check": check_count})
     require_correct: bool = True
     require_parsed: bool = True

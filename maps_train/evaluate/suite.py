@@ -174,9 +174,7 @@ def apply_routes(recipe: Any, routes: str, adapters: dict[str, str] | None = Non
             raise ConfigError(f"adapters: {', '.join(unknown)}: not an adapter of the recipe "
                               f"(its adapters: {', '.join(sorted(set(of_role.values())))})")
         named = {**of_role, "default": of_role.get("consolidator")}
-        # A role the distilled adapter never learned (routed to the base model) stays there.
-        roles = {role: replace(route, adapter=(adapters or {}).get(named.get(role), route.adapter)
-                               if route.adapter is not None else None)
+        roles = {role: replace(route, adapter=swapped_adapter(role, route.adapter, (adapters or {}).get(named.get(role))))
                  for role, route in routed.roles.items()}
         return replace(routed, roles=roles)
     template = recipe.route("default")
@@ -187,6 +185,21 @@ def apply_routes(recipe: Any, routes: str, adapters: dict[str, str] | None = Non
         enable_thinking=recipe.sft_data.enable_thinking,
     )
     return replace(recipe, roles={"default": student})
+
+
+def swapped_adapter(role: str, distilled: str | None, swap: str | None) -> str | None:
+    """The adapter a role runs with when a system swaps in another folder (`adapters:`) for its distilled one
+    (`distilled`: None where the distilled adapter never learned the role, so the base model serves it). The swap
+    serves the role when the folder's own record says it learned it (an RL adapter's trained roles, an SFT
+    adapter's rows: `serve.plan.learned_roles`); with no record, where the distilled adapter did."""
+    from maps_train.serve.plan import learned_roles
+
+    if swap is None:
+        return distilled
+    learned = learned_roles(Path(swap))
+    trace_role = "consolidator" if role == "default" else role  # the default route is the consolidator's
+    serves = trace_role in learned if learned is not None else distilled is not None
+    return swap if serves else None
 
 
 def system_departures(spec: SystemSpec, index: int, suite_path: Path) -> list[str]:

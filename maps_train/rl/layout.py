@@ -31,6 +31,17 @@ def source_adapter_dir(recipe: Recipe, role: str) -> Path:
     return Path(recipe.rl.adapters_dir or recipe.train.output_dir) / adapter_of(recipe, role)
 
 
+def distilled_source(recipe: Recipe, role: str) -> Path | None:
+    """The distilled adapter RL starts `role` from; None for a fresh LoRA: `rl.init: base`, or a distilled adapter
+    that learned nothing (no SFT rows, `train.unlearned`: the base model serves its roles, so RL starts there too)."""
+    from maps_train.train.unlearned import learned_nothing
+
+    if recipe.rl.init != "distilled":
+        return None
+    source = source_adapter_dir(recipe, role)
+    return None if learned_nothing(source) else source
+
+
 def curves_png(recipe: Recipe, role: str) -> Path:
     return Path(recipe.rl.output_dir) / f"curves-{role}.png"
 

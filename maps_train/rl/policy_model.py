@@ -9,7 +9,7 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.platform import vllm_dtype, vllm_on_cpu
 from maps_train.recipe import Recipe
-from maps_train.rl.layout import adapter_of, rl_trainer_dir, source_adapter_dir
+from maps_train.rl.layout import adapter_of, distilled_source, rl_trainer_dir
 from maps_train.train import internals
 
 
@@ -53,11 +53,13 @@ def build_grpo_config(recipe: Recipe, role: str, bf16: bool, wandb_on: bool):
 
 def load_policy_model(recipe: Recipe, role: str, dtype: str):
     """(model, peft_config): the student with the distilled adapter as a trainable PeftModel (TRL then copies it
-    as the frozen "ref" adapter), or the bare student and `train.lora` for a fresh adapter."""
+    as the frozen "ref" adapter), or the bare student and `train.lora` for a fresh adapter (`rl.init: base`, or a
+    distilled adapter that learned nothing: `rl.layout.distilled_source`)."""
     from maps_train.train import sft
 
     model = sft.load_student(recipe, sft.Precision(dtype=dtype, bf16=False))
-    if recipe.rl.init == "base":
+    source = distilled_source(recipe, role)
+    if source is None:
         lora = sft.build_lora_config(recipe.train)
         lora.lora_dropout = 0.0  # see without_dropout
         return model, lora
@@ -65,7 +67,6 @@ def load_policy_model(recipe: Recipe, role: str, dtype: str):
 
     from maps_train.models.resolve import require_safetensors_adapter
 
-    source = source_adapter_dir(recipe, role)
     if not (source / "adapter_config.json").is_file():
         raise MapsTrainError(f"{source}: no distilled adapter for rl.roles '{role}' (rl.init: distilled reads "
                              "rl.adapters_dir, else train.output_dir; rl.init: base starts a fresh LoRA)")

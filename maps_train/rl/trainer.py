@@ -57,10 +57,10 @@ from maps_train.rl.layout import (
     claim_folder,
     curves_png,
     curves_title,
+    distilled_source,
     is_main_rank,
     rl_adapter_dir,
     rl_trainer_dir,
-    source_adapter_dir,
 )
 from maps_train.rl.policy_model import build_grpo_config, colocated_engine_dtype, load_policy_model
 from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
@@ -164,7 +164,7 @@ def file_sha256(path: Path) -> str | None:
 
 def role_summary(recipe: Recipe, role: str, trainer, result, seconds: float) -> dict[str, Any]:
     """What the Trainer's own records (trainer_state.json) do not say: lineage, roles, the last logged metrics."""
-    source = source_adapter_dir(recipe, role) if recipe.rl.init == "distilled" else None
+    source = distilled_source(recipe, role)
     out_dir = rl_adapter_dir(recipe, role)
     last = next((entry for entry in reversed(trainer.state.log_history) if "reward" in entry), {})
     return {
@@ -245,7 +245,7 @@ def _run_roles(recipe: Recipe, rank0: bool, say, retriever: Any, environment_bac
         summaries[role] = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
         current = with_rl_adapter(current, role)
     lineage = [{key: s[key] for key in ("source_adapter", "source_sha256", "rl_adapter", "rl_sha256")}
-               for s in summaries.values()]  # source null: a fresh LoRA (rl.init: base)
+               for s in summaries.values()]  # source null: a fresh LoRA (rl.init: base, or an SFT adapter that learned nothing)
     overall = {"recipe": recipe.name, "lineage": lineage, "roles": summaries}
     if rank0:
         path = Path(recipe.rl.output_dir) / SUMMARY_FILE

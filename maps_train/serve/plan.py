@@ -66,12 +66,14 @@ def _same_base(recorded: str | None, base: str, base_name: str) -> bool:
 
 
 def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
-    """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank."""
+    """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank. An
+    adapter that learned nothing (no SFT rows: `train.unlearned`) has no weights to load; the base serves its roles."""
     from maps_train.train.adapter_check import allowed_lora_ranks, check_adapter
+    from maps_train.train.unlearned import learned_nothing
 
     base_name = recipe.serve.base_model or recipe.train.student
     base = resolve_model(base_name)
-    adapters = adapter_paths(recipe)
+    adapters = {name: folder for name, folder in adapter_paths(recipe).items() if not learned_nothing(folder)}
     ranks = []
     for name, folder in adapters.items():
         config = _read_adapter_config(name, folder)
@@ -86,7 +88,8 @@ def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
             raise MapsTrainError(f"adapter '{name}' ({folder}): vLLM would not serve it: " + "; ".join(problems))
         ranks.append(max([int(config.get("r", 0)), *(config.get("rank_pattern") or {}).values()]))
     if not adapters:
-        raise MapsTrainError("serve: the recipe names no adapters (sft_data.adapter_roles is empty)")
+        raise MapsTrainError("serve: no adapter to serve (sft_data.adapter_roles is empty, or every adapter learned "
+                             "nothing: serve the base model)")
     max_rank = next((r for r in allowed_lora_ranks() if r >= max(ranks)), None)
     if max_rank is None:
         raise MapsTrainError(f"serve: adapter rank {max(ranks)} exceeds vLLM's largest ({allowed_lora_ranks()[-1]})")
@@ -228,6 +231,26 @@ def untrained_roles(folder: Path) -> set[str]:
     if not isinstance(counts, dict):
         return set()
     return {role for role, rows in counts.items() if rows == 0}
+
+
+def learned_roles(folder: Path) -> set[str] | None:
+    """The trace roles an adapter folder learned, by its own record: an SFT adapter's roles with rows
+    (`rows_per_role` in train_summary.json), an RL adapter's `trained_roles` (rl_summary.json); None when neither
+    says (a folder from elsewhere, or written before these records)."""
+    from maps_train.rl.layout import SUMMARY_FILE as RL_SUMMARY_FILE
+    from maps_train.train.sft import SUMMARY_FILE
+
+    for name, key in ((RL_SUMMARY_FILE, "trained_roles"), (SUMMARY_FILE, "rows_per_role")):
+        try:
+            record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        roles = record.get(key) if isinstance(record, dict) else None
+        if isinstance(roles, dict):
+            return {role for role, rows in roles.items() if rows}
+        if isinstance(roles, list):
+            return set(roles)
+    return None
 
 
 def with_distilled_routes(recipe: Recipe, via: str = "engine") -> Recipe:

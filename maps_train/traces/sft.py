@@ -37,7 +37,8 @@ A floor per role (`sft_data.min_rows_per_role`): a role left with fewer kept row
 4 answer rows that passed F1 >= 0.5, mostly "yes" to comparison questions, made its distilled agent answer "yes" to
 107 of 152 dev questions. The role's adapter then trains without it (`maps-train train` records the rows per role
 as `rows_per_role` in the adapter's `train_summary.json`) and the distilled routes send the role to the base model
-(`maps_train.serve.plan.distilled_routes`).
+(`maps_train.serve.plan.distilled_routes`); an adapter left with no row at all is not trained
+(`maps_train.train.unlearned`).
 
 `chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
 not rendered text: each student's chat template renders them when it trains, so every student of a teacher reads

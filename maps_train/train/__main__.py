@@ -72,6 +72,8 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     sft.prepare_output_dirs(recipe, adapter, overwrite, state)  # --overwrite removes only folders it marked
     state.wait_for_everyone()
     started = time.time()
+    if data.train_row_count(recipe, adapter) == 0:  # every role under the floor: the base model serves them
+        return record_unlearned(recipe, adapter, out_dir, state)
 
     ###############
     # Data
@@ -169,6 +171,20 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    return summary
+
+
+def record_unlearned(recipe, adapter: str, out_dir, state) -> dict:
+    """An adapter with no rows (`maps_train.train.unlearned`): no weights, a summary that says so (main rank)."""
+    from maps_train.train import sft
+    from maps_train.train.unlearned import unlearned_summary
+
+    summary = unlearned_summary(recipe, adapter)
+    if state.is_main_process:
+        (out_dir / sft.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")  # written last, as below
+        logger.warning("%s: no SFT rows, not trained: its roles (%s) are served by the base model (%s)",
+                       adapter, ", ".join(summary["trace_roles"]), out_dir / sft.SUMMARY_FILE)
+    state.wait_for_everyone()
     return summary
 
 

@@ -96,6 +96,19 @@ def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[s
     return rows
 
 
+def train_row_count(recipe, adapter: str) -> int:
+    """The rows that would train `adapter` (0 when every role it serves kept none); a missing train file is an
+    error, as for `load_adapter_rows`."""
+    sft_dir = train_sft_dir(recipe)
+    count = 0
+    for source in source_adapters(recipe, adapter):
+        path = _split_path(sft_dir, source, "train")
+        if not path.is_file():
+            raise MapsTrainError(f"{path}: no such SFT file (run `maps-train sft-data` with this recipe first)")
+        count += sum(1 for _ in iter_jsonl(path, "SFT file"))
+    return count
+
+
 def rows_per_role(recipe, adapter: str) -> dict[str, int] | None:
     """Train rows per trace role of `adapter`, every role its SFT folders serve included (0 when it has none, as
     under `sft_data.min_rows_per_role`): what the adapter learned, recorded in its training summary, so the

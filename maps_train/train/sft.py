@@ -86,11 +86,14 @@ def adapter_artifact(recipe, adapter: str) -> str:
 
 def adapter_artifacts(recipe) -> list[tuple[str, Path]]:
     """(artifact name, folder) of every adapter the recipe trains and serves: what an eval run of the distilled
-    student links as its inputs (`tracker.use_artifact(name, "adapter", folder)`)."""
+    student links as its inputs (`tracker.use_artifact(name, "adapter", folder)`); not one that learned nothing
+    (`train.unlearned`: no weights, no artifact)."""
     from maps_train.recipe import adapter_names
+    from maps_train.train.unlearned import learned_nothing
 
     root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
-    return [(adapter_artifact(recipe, name), root / name) for name in adapter_names(recipe)]
+    return [(adapter_artifact(recipe, name), root / name) for name in adapter_names(recipe)
+            if not learned_nothing(root / name)]
 
 
 def trainer_dir(recipe, adapter: str) -> Path:
