@@ -20,11 +20,15 @@ from maps_train.recipe import load_recipe
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
-    """(recipe, adapters folder): the toy SFT set with the writer's rows gone, as sft-data leaves a role under the
-    floor (an empty train.jsonl), trained with `--role all` in this process (one rank)."""
-    import os
+def trained(tmp_path_factory) -> tuple[Path, Path, str]:
+    """(recipe, adapters folder, what `maps-train train` printed): the toy SFT set with the writer's rows gone, as
+    sft-data leaves a role under the floor (an empty train.jsonl), trained by the real `maps-train train --role all`
+    command, whose launcher runs `python -m maps_train.train ...` in this process (one rank) instead of
+    `accelerate launch` (the 2-rank launch is tests/test_train.py's)."""
+    from typer.testing import CliRunner
 
+    from maps_train.cli import app
+    from maps_train.train import launch
     from maps_train.train.__main__ import main
 
     root = tmp_path_factory.mktemp("unlearned")
@@ -34,27 +38,30 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     (sft / "writer" / "eval.jsonl").unlink(missing_ok=True)
     raw = {"name": "toy-unlearned",
            "train": {"student": "builtin:tiny-qwen3", "sft_dir": str(sft), "output_dir": str(root / "adapters"),
-                     "lora": {"r": 8, "lora_alpha": 16},
+                     "lora": {"r": 8, "lora_alpha": 16}, "one_launch": True,
                      "sft": {"max_steps": 1, "save_steps": 100, "eval_strategy": "no", "max_length": 512}}}
     recipe = root / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
-    threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        assert main(["--config", str(recipe), "--role", "all"]) == 0
-    finally:
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
-    return recipe, root / "adapters"
+    launches = []
+
+    def in_process(command: list[str]) -> int:
+        launches.append(command)
+        return main(command[command.index("maps_train.train") + 1:])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        patch.setattr(launch.subprocess, "call", in_process)
+        result = CliRunner().invoke(app, ["train", str(recipe), "--role", "all", "--no-plan"])
+    assert result.exit_code == 0, result.output
+    assert len(launches) == 1 and launches[0][launches[0].index("--role") + 1] == "all"
+    return recipe, root / "adapters", result.output
 
 
 def test_an_adapter_with_no_rows_is_recorded_not_trained_and_the_others_train(trained):
     from maps_train.train.sft import is_trained
     from maps_train.train.unlearned import learned_nothing
 
-    recipe_path, adapters = trained
+    recipe_path, adapters, printed = trained
     recipe = load_recipe(str(recipe_path))
     writer = adapters / "writer"
     summary = json.loads((writer / "train_summary.json").read_text())
@@ -63,12 +70,14 @@ def test_an_adapter_with_no_rows_is_recorded_not_trained_and_the_others_train(tr
     assert is_trained(recipe, "writer") and learned_nothing(writer)
     for adapter in ("proposer", "consolidator"):
         assert (adapters / adapter / "adapter_model.safetensors").is_file() and not learned_nothing(adapters / adapter)
+        assert f"{adapters / adapter}: ok" in printed  # the vLLM checks passed
+    assert f"{writer}: learned nothing (no SFT rows): the base model serves its roles" in printed
 
 
 def test_a_rerun_skips_it_and_overwrite_may_remove_it(trained, tmp_path):
     from maps_train.train.__main__ import main
 
-    recipe_path, adapters = trained
+    recipe_path, adapters, _ = trained
     copy = tmp_path / "adapters"
     shutil.copytree(adapters, copy)
     overrides = [f"train.output_dir={copy}"]
@@ -84,7 +93,7 @@ def test_its_roles_are_served_by_the_base_model_and_no_lora_is_loaded(trained, t
     from maps_train.serve.plan import check_adapters, distilled_routes
     from maps_train.train.sft import adapter_artifacts
 
-    recipe_path, adapters = trained
+    recipe_path, adapters, _ = trained
     recipe = load_recipe(str(recipe_path))
     routes = distilled_routes(recipe)
     assert routes["writer"].adapter is None and routes["writer"].model == routes["proposer"].model
@@ -102,7 +111,7 @@ def test_rl_from_it_starts_a_fresh_lora_and_trains_its_roles(trained):
     from maps_train.rl.policy_model import load_policy_model
     from maps_train.rl.rollout import trained_trace_roles
 
-    recipe_path, adapters = trained
+    recipe_path, adapters, _ = trained
     recipe = load_recipe(str(recipe_path), ["rl.init=distilled"])
     assert distilled_source(recipe, "writer") is None
     assert distilled_source(recipe, "proposer") == adapters / "proposer"
@@ -116,7 +125,7 @@ def test_rl_from_it_starts_a_fresh_lora_and_trains_its_roles(trained):
 def test_an_eval_swap_serves_the_roles_the_swapped_folder_learned(trained, tmp_path):
     from maps_train.evaluate.suite import apply_routes
 
-    recipe_path, _ = trained
+    recipe_path, _, _ = trained
     recipe = load_recipe(str(recipe_path))
     rl_writer, rl_consolidator, elsewhere = tmp_path / "rl-writer", tmp_path / "rl-consolidator", tmp_path / "x"
     for folder, roles in ((rl_writer, ["writer"]), (rl_consolidator, ["consolidator"])):

@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
                   num_machines=num_machines)
         from maps_train.train.adapter_check import check_adapter
         from maps_train.train.launch import Machines, train_all
+        from maps_train.train.unlearned import learned_nothing
 
         machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
         folders = train_all(
@@ -53,6 +54,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"machine {machine_rank}: done; the adapters are written by machine 0")
             return
         for folder in folders:
+            if learned_nothing(folder):
+                typer.echo(f"{folder}: learned nothing (no SFT rows): the base model serves its roles")
+                continue
             problems = check_adapter(folder)
             typer.echo(f"{folder}: {'ok' if not problems else '; '.join(problems)}")
 
