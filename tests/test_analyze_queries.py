@@ -77,6 +77,22 @@ def test_run_figures_counted_by_hand(runs):
     assert vanilla["recall"] == pytest.approx((1 / 2 + 1 + 1 / 2) / 3)
 
 
+def test_the_question_search_of_search_question_is_no_echo_and_no_sub_query(tmp_path):
+    from maps_train.records.trace import QUESTION_SEARCHED
+
+    # agent.search_question: round 1 searched the question first (p4), then the written sub-queries. In q1 the
+    # writer's queries are "Dijon" (p5) and "birth" (p2); in q2 one of them is the question again.
+    searched = [trace("q1", [(["Dijon", "birth"], {QUESTION: ["p4"], "Dijon": ["p5"], "birth": ["p2"]})]),
+                trace("q2", [(["x"], {QUESTION: ["p4"], "Where was Eiffel born": ["p4"], "x": ["p1"]})])]
+    for record in searched:
+        record.rounds[0].extra[QUESTION_SEARCHED] = True
+    summary = run_summary(read_searches(write(tmp_path / "traces.jsonl", searched))[0])
+    assert summary["searches_per_question"] == 3  # the question's search is a search
+    assert summary["words_per_query"] == pytest.approx((1 + 1 + 4 + 1) / 4)  # but no written sub-query
+    assert summary["echo_share"] == pytest.approx(1 / 2)  # only q2's writer echoed the question
+    assert (summary["recall_echo"], summary["recall_no_echo"]) == (pytest.approx(0.5), pytest.approx(1.0))
+
+
 def test_gold_only_the_run_or_only_the_reference_found(runs):
     maps_path, vanilla_path = runs
     against = against_summary(read_searches(maps_path)[0], read_searches(vanilla_path)[0])

@@ -6,7 +6,8 @@ the same questions (Vanilla RAG's), and reports:
 
 - per run, over the questions that name gold passages: searches per question; distinct directions per round that
   had a proposer (the parser drops repeated ones, so a proposer that wrote one entity three times searched once);
-  words per sub-query; the share of questions where some sub-query echoes the question (equal after normalisation);
+  words per sub-query; the share of questions where some sub-query echoes the question (equal after normalisation;
+  with MAPS's `agent.search_question`, the question's own search is neither a sub-query nor an echo);
   evidence recall (`credit.found / credit.gold`), over all questions and split by echo;
 - against the reference, question by question (matched by data set and id): the gold passages both found, those
   only the run found and those only the reference found, and both recalls split by whether the run echoed.
@@ -25,17 +26,18 @@ from typing import Any
 from maps_train.analysis.trace_reader import iter_valid_traces
 from maps_train.errors import MapsTrainError
 from maps_train.records.metrics import normalize_answer
-from maps_train.records.trace import TraceRecord
+from maps_train.records.trace import QUESTION_SEARCHED, TraceRecord
 
 
 @dataclass(frozen=True)
 class QuestionSearch:
     """What one question's run searched and found."""
 
-    queries: tuple[str, ...]  # every searched sub-query, in order
+    queries: tuple[str, ...]  # every search, in order (MAPS's `agent.search_question` search of the question too)
+    written: tuple[str, ...]  # the searches a model wrote: `queries` less that question search
     gold: int  # the question's gold passages
     found: frozenset[int]  # indices of the gold passages some search found
-    echoed: bool  # some sub-query equals the question after normalisation
+    echoed: bool  # some written sub-query equals the question after normalisation
     directions: tuple[int, ...]  # distinct directions of each round that had them
 
 
@@ -56,11 +58,13 @@ def question_search(trace: TraceRecord) -> QuestionSearch | None:
     if not credit or not int(credit.get("gold", 0)):
         return None
     queries = tuple(hits.query for round_ in trace.rounds for hits in round_.retrieved)
+    written = tuple(hits.query for round_ in trace.rounds
+                    for hits in round_.retrieved[1 if round_.extra.get(QUESTION_SEARCHED) else 0:])
     question = normalize_answer(trace.question)
     found = frozenset(i for entry in credit.get("queries", []) for i in entry.get("gold", []))
     directions = tuple(len(round_.directions) for round_ in trace.rounds if round_.directions)
-    return QuestionSearch(queries, int(credit["gold"]), found, any(normalize_answer(q) == question for q in queries),
-                          directions)
+    return QuestionSearch(queries, written, int(credit["gold"]), found,
+                          any(normalize_answer(q) == question for q in written), directions)
 
 
 def read_searches(path: str | Path) -> tuple[dict[tuple[str, str], QuestionSearch], int]:
@@ -88,6 +92,7 @@ def run_summary(searches: dict[tuple[str, str], QuestionSearch], uncredited: int
     """The per-run figures of the module docstring."""
     rows = list(searches.values())
     queries = [q for s in rows for q in s.queries]
+    written = [q for s in rows for q in s.written]
     directions = [n for s in rows for n in s.directions]
     echoed = [s for s in rows if s.echoed]
     return {
@@ -95,7 +100,7 @@ def run_summary(searches: dict[tuple[str, str], QuestionSearch], uncredited: int
         "no_credit": uncredited,
         "searches_per_question": len(queries) / len(rows) if rows else None,
         "directions_per_round": sum(directions) / len(directions) if directions else None,
-        "words_per_query": sum(len(q.split()) for q in queries) / len(queries) if queries else None,
+        "words_per_query": sum(len(q.split()) for q in written) / len(written) if written else None,
         "echo_share": len(echoed) / len(rows) if rows else None,
         "recall": _recall(rows),
         "recall_echo": _recall(echoed),
