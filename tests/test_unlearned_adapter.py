@@ -58,8 +58,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, str]:
 
 
 def test_an_adapter_with_no_rows_is_recorded_not_trained_and_the_others_train(trained):
-    from maps_train.train.sft import is_trained
-    from maps_train.train.unlearned import learned_nothing
+    from maps_train.train.sft import is_trained, learned_nothing
 
     recipe_path, adapters, printed = trained
     recipe = load_recipe(str(recipe_path))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from maps_train.recipe import TRAINER_SUBDIR, Recipe, adapter_of_role
 from maps_train.rl.curves import plot_rl_curves, read_log_history
-from maps_train.train.markers import RL_WRITER, claim
+from maps_train.train.markers import RL_SUMMARY_FILE, RL_WRITER, claim
 
-SUMMARY_FILE = "rl_summary.json"  # in each RL adapter's folder (written last: finished) and in rl.output_dir
+SUMMARY_FILE = RL_SUMMARY_FILE  # in each RL adapter's folder (written last: finished) and in rl.output_dir
 ADAPTERS_SUBDIR = "adapters"
 
 
@@ -34,7 +34,7 @@ def source_adapter_dir(recipe: Recipe, role: str) -> Path:
 def distilled_source(recipe: Recipe, role: str) -> Path | None:
     """The distilled adapter RL starts `role` from; None for a fresh LoRA: `rl.init: base`, or a distilled adapter
     that learned nothing (no SFT rows, `train.unlearned`: the base model serves its roles, so RL starts there too)."""
-    from maps_train.train.unlearned import learned_nothing
+    from maps_train.train.sft import learned_nothing
 
     if recipe.rl.init != "distilled":
         return None

@@ -69,7 +69,7 @@ def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
     """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank. An
     adapter that learned nothing (no SFT rows: `train.unlearned`) has no weights to load; the base serves its roles."""
     from maps_train.train.adapter_check import allowed_lora_ranks, check_adapter
-    from maps_train.train.unlearned import learned_nothing
+    from maps_train.train.sft import learned_nothing
 
     base_name = recipe.serve.base_model or recipe.train.student
     base = resolve_model(base_name)
@@ -237,7 +237,7 @@ def learned_roles(folder: Path) -> set[str] | None:
     """The trace roles an adapter folder learned, by its own record: an SFT adapter's roles with rows
     (`rows_per_role` in train_summary.json), an RL adapter's `trained_roles` (rl_summary.json); None when neither
     says (a folder from elsewhere, or written before these records)."""
-    from maps_train.rl.layout import SUMMARY_FILE as RL_SUMMARY_FILE
+    from maps_train.train.markers import RL_SUMMARY_FILE
     from maps_train.train.sft import SUMMARY_FILE
 
     for name, key in ((RL_SUMMARY_FILE, "trained_roles"), (SUMMARY_FILE, "rows_per_role")):

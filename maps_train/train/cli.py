@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
                   num_machines=num_machines)
         from maps_train.train.adapter_check import check_adapter
         from maps_train.train.launch import Machines, train_all
-        from maps_train.train.unlearned import learned_nothing
+        from maps_train.train.sft import learned_nothing
 
         machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
         folders = train_all(

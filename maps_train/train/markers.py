@@ -17,6 +17,7 @@ from maps_train.errors import MapsTrainError
 OUTPUT_MARKER = ".written-by-maps-train"
 SFT_WRITER = "maps-train"  # `written_by` of training's markers
 RL_WRITER = "maps-train rl"
+RL_SUMMARY_FILE = "rl_summary.json"  # in an RL adapter's folder, written last; serving reads its trained roles
 
 
 def marker_writer(folder: Path) -> str | None:

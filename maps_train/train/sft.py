@@ -30,6 +30,7 @@ from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, c
 from maps_train.train.markers import OUTPUT_MARKER, SFT_WRITER, mark, marker_writer
 
 SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
+LEARNED = "learned"  # in SUMMARY_FILE: false for an adapter that had no rows and holds no weights (train.unlearned)
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,6 @@ def adapter_artifacts(recipe) -> list[tuple[str, Path]]:
     student links as its inputs (`tracker.use_artifact(name, "adapter", folder)`); not one that learned nothing
     (`train.unlearned`: no weights, no artifact)."""
     from maps_train.recipe import adapter_names
-    from maps_train.train.unlearned import learned_nothing
 
     root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
     return [(adapter_artifact(recipe, name), root / name) for name in adapter_names(recipe)
@@ -118,6 +118,16 @@ def sole_trainer(recipe, adapter: str, state):
 
 def is_trained(recipe, adapter: str) -> bool:
     return (adapter_output_dir(recipe, adapter) / SUMMARY_FILE).is_file()
+
+
+def learned_nothing(folder: Path) -> bool:
+    """Whether `folder`'s training summary says the adapter had no SFT rows and holds no weights (`LEARNED` false:
+    `maps_train.train.unlearned`)."""
+    try:
+        summary = json.loads((Path(folder) / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get(LEARNED) is False
 
 
 def lora_target_modules(targets: Any) -> Any:

@@ -5,6 +5,7 @@ Training such an adapter would teach nothing (TRL refuses an empty set), so `tra
 its folder gets the marker and a training summary saying it learned nothing (`"learned": false`, every role at 0
 rows). The summary marks it finished, as for any adapter, so a rerun skips it and `--overwrite` may remove it.
 From there:
+- `train.sft.learned_nothing` reads it;
 - the distilled routes send its roles to the base model (`serve.plan.untrained_roles`: every role at 0 rows);
 - a vLLM server loads no LoRA for it (`serve.plan.check_adapters`), and an eval links no artifact for it;
 - RL from it (`rl.init: distilled`) starts a fresh LoRA on the base model, as `rl.init: base` does
@@ -13,27 +14,12 @@ From there:
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-LEARNED = "learned"  # train_summary.json: false when the adapter had no rows and holds no weights
-
-
-def learned_nothing(folder: Path) -> bool:
-    """Whether `folder`'s training summary says the adapter had no rows (and so holds no weights)."""
-    from maps_train.train.sft import SUMMARY_FILE
-
-    try:
-        summary = json.loads((Path(folder) / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get(LEARNED) is False
+from maps_train.train import data
+from maps_train.train.sft import LEARNED
 
 
 def unlearned_summary(recipe, adapter: str) -> dict:
     """The training summary of an adapter with no rows: what it would have learned (nothing) and why."""
-    from maps_train.train import data
-
     sources = data.source_adapters(recipe, adapter)
     return {
         "recipe": recipe.name,
