@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maps_train.analysis.trace_reader import iter_valid_traces
+from maps_train.analysis.trace_reader import iter_valid_traces, written_queries
 from maps_train.errors import MapsTrainError
 from maps_train.records.metrics import normalize_answer
-from maps_train.records.trace import QUESTION_SEARCHED, TraceRecord
+from maps_train.records.trace import TraceRecord
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ def question_search(trace: TraceRecord) -> QuestionSearch | None:
     if not credit or not int(credit.get("gold", 0)):
         return None
     queries = tuple(hits.query for round_ in trace.rounds for hits in round_.retrieved)
-    written = tuple(hits.query for round_ in trace.rounds
-                    for hits in round_.retrieved[1 if round_.extra.get(QUESTION_SEARCHED) else 0:])
+    written = tuple(query for round_ in trace.rounds for query in written_queries(round_))
     question = normalize_answer(trace.question)
     found = frozenset(i for entry in credit.get("queries", []) for i in entry.get("gold", []))
     directions = tuple(len(round_.directions) for round_ in trace.rounds if round_.directions)

@@ -47,15 +47,20 @@ QUESTION_SEARCHES: dict[str, QuestionSearch] = {
 }
 
 
+def written_queries(round_: RoundRecord) -> list[str]:
+    """The queries a round sent to the retriever, less MAPS's `agent.search_question` search of the question text
+    (round 1's first search): those a model wrote."""
+    queries = [hit.query for hit in round_.retrieved]
+    return queries[1:] if round_.extra.get(QUESTION_SEARCHED) else queries
+
+
 def searched_rounds(trace: TraceRecord, include_question_searches: bool = False) -> list[list[str]]:
     """The trace's searched rounds in order, each the list of queries sent to the retriever."""
     # An unknown method (a new engine) is read by the shared rule, every searched round kept.
     is_question_search = QUESTION_SEARCHES.get(trace.method, _never)
     rounds = []
     for round_ in trace.rounds:
-        queries = [hit.query for hit in round_.retrieved]
-        if round_.extra.get(QUESTION_SEARCHED) and not include_question_searches:
-            queries = queries[1:]  # MAPS agent.search_question: round 1's search of the question text
+        queries = [hit.query for hit in round_.retrieved] if include_question_searches else written_queries(round_)
         if not queries:
             continue
         if not include_question_searches and is_question_search(round_):

@@ -219,15 +219,22 @@ def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = Non
     return routes
 
 
+def _recorded(folder: Path, file: str, key: str):
+    """`key` of the JSON object in `folder/file` (an adapter's record); None when the file, the object or the key
+    is missing or unreadable."""
+    try:
+        record = json.loads((Path(folder) / file).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record.get(key) if isinstance(record, dict) else None
+
+
 def untrained_roles(folder: Path) -> set[str]:
     """The roles an adapter's training summary says it saw no row of (`rows_per_role`, e.g. a role under
     `sft_data.min_rows_per_role`); empty when the folder has no summary or the summary does not say."""
     from maps_train.train.sft import SUMMARY_FILE
 
-    try:
-        counts = json.loads((Path(folder) / SUMMARY_FILE).read_text(encoding="utf-8")).get("rows_per_role")
-    except (OSError, ValueError, AttributeError):
-        return set()
+    counts = _recorded(folder, SUMMARY_FILE, "rows_per_role")
     if not isinstance(counts, dict):
         return set()
     return {role for role, rows in counts.items() if rows == 0}
@@ -240,12 +247,8 @@ def learned_roles(folder: Path) -> set[str] | None:
     from maps_train.train.markers import RL_SUMMARY_FILE
     from maps_train.train.sft import SUMMARY_FILE
 
-    for name, key in ((RL_SUMMARY_FILE, "trained_roles"), (SUMMARY_FILE, "rows_per_role")):
-        try:
-            record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        roles = record.get(key) if isinstance(record, dict) else None
+    for file, key in ((RL_SUMMARY_FILE, "trained_roles"), (SUMMARY_FILE, "rows_per_role")):
+        roles = _recorded(folder, file, key)
         if isinstance(roles, dict):
             return {role for role, rows in roles.items() if rows}
         if isinstance(roles, list):

@@ -72,20 +72,28 @@ def _split_path(sft_dir: Path, adapter: str, split: str) -> Path:
     return sft_dir / adapter / f"{split}.jsonl"
 
 
+def _source_files(recipe, adapter: str, split: str) -> list[Path]:
+    """The `split` files of the SFT folders that train `adapter`; a missing train file is an error, a missing eval
+    file is left out."""
+    sft_dir = train_sft_dir(recipe)
+    files = []
+    for source in source_adapters(recipe, adapter):
+        path = _split_path(sft_dir, source, split)
+        if path.is_file():
+            files.append(path)
+        elif split == "train":
+            raise MapsTrainError(f"{path}: no such SFT file (run `maps-train sft-data` with this recipe first)")
+    return files
+
+
 def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[str, Any]]:
     """All rows training `adapter` for `split`; a missing train file is an error, a missing eval file is not."""
     default_kwargs = {"enable_thinking": recipe.sft_data.enable_thinking}
     rows: list[dict[str, Any]] = []
-    sft_dir = train_sft_dir(recipe)
-    for source in source_adapters(recipe, adapter):
-        path = _split_path(sft_dir, source, split)
-        if not path.is_file():
-            if split == "train":
-                raise MapsTrainError(f"{path}: no such SFT file (run `maps-train sft-data` with this recipe first)")
-            continue
+    for path in _source_files(recipe, adapter, split):
         rows.extend(read_sft_rows(path, default_kwargs))
     if split == "train" and not rows:
-        raise MapsTrainError(f"{_split_path(sft_dir, adapter, split)}: no training rows")
+        raise MapsTrainError(f"{_split_path(train_sft_dir(recipe), adapter, split)}: no training rows")
     # Arrow wants one struct type per column: rows missing a key take the recipe default (never None, which a
     # template would read as "set"); with no keys at all the column goes (TRL would unpack a null).
     keys = sorted({key for row in rows for key in row["chat_template_kwargs"]})
@@ -99,14 +107,7 @@ def load_adapter_rows(recipe, adapter: str, split: str = "train") -> list[dict[s
 def train_row_count(recipe, adapter: str) -> int:
     """The rows that would train `adapter` (0 when every role it serves kept none); a missing train file is an
     error, as for `load_adapter_rows`."""
-    sft_dir = train_sft_dir(recipe)
-    count = 0
-    for source in source_adapters(recipe, adapter):
-        path = _split_path(sft_dir, source, "train")
-        if not path.is_file():
-            raise MapsTrainError(f"{path}: no such SFT file (run `maps-train sft-data` with this recipe first)")
-        count += sum(1 for _ in iter_jsonl(path, "SFT file"))
-    return count
+    return sum(1 for path in _source_files(recipe, adapter, "train") for _ in iter_jsonl(path, "SFT file"))
 
 
 def rows_per_role(recipe, adapter: str) -> dict[str, int] | None:
