@@ -146,7 +146,7 @@ def check_finite_positive(value: float) -> float:
     return value
 
 
-def check_guard_words(value: int | None) -> int | None:
+def check_positive_or_null(value: int | None) -> int | None:
     if value is not None and (isinstance(value, bool) or value < 1):
         raise FieldError("", f"must be >= 1 or null, got {value!r}")
     return value
@@ -416,7 +416,7 @@ class RLRewardConfig:
     correctness: Literal["cover_em", "em", "f1"] = "em"
     # With Cover-EM an answer of more words than this scores 0: the gold inside a paragraph would otherwise count.
     # null: no guard (EM and F1 need none).
-    length_guard_words: int | None = field(default=12, metadata={"check": check_guard_words})
+    length_guard_words: int | None = field(default=12, metadata={"check": check_positive_or_null})
     correctness_weight: float = field(default=1.0, metadata={"check": check_weight})
     # the branch call's own output parsed against its role's schema
     format_weight: float = field(default=0.1, metadata={"check": check_weight})
@@ -433,6 +433,11 @@ class RLRewardConfig:
     # new, a consolidator's right stop-or-continue, the answer call's F1; 0 for every branch of a question
     # without gold passages, so it moves no advantage there.
     process_weight: float = field(default=0.5, metadata={"check": check_weight})
+    # A writer's or proposer's process reward graded by rank (records.credit.rank_credit): the branch call's
+    # sub-queries searched again this deep, each gold passage no earlier search found paid 1 / log2(1 + its best
+    # rank), so a query that brings missing gold closer earns something before it brings it into the top k.
+    # null: the share of the gold found new in the agent's own top k (what the deployed agent reads).
+    process_depth: int | None = field(default=None, metadata={"check": check_positive_or_null})
 
     def __post_init__(self) -> None:
         """Built in code (not from a recipe, whose loader runs the same checks naming the file): checked alike."""

@@ -21,6 +21,10 @@ FlashRAG-normalised title and text), each call can be credited on its own:
   without gold passages leave `right` null;
 - the answer call: Cover-EM, EM and F1 of the final answer (letter accuracy for a choice question).
 
+A writer's or proposer's entry names the positions of its sub-queries in their round (`positions`), so RL can
+search them again deeper and grade the find by rank (`rank_credit`, `rl.reward.process_depth`): at 135M over BM25
+a writer finds gold its question missed in 2% of its calls, too rare a reward for a group of four to differ on.
+
 The credit is computed when a trace is written (`agents.engine`, which knows the question's metadata and the
 retrieved passages' text) and stored in `TraceRecord.credit`, one entry per call in `TraceRecord.all_calls()`
 order, so `sft-data`, `rl` and `analyze` read it from the trace alone.
@@ -28,6 +32,7 @@ order, so `sft-data`, `rl` and `analyze` read it from the trace alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -99,7 +104,40 @@ def _writer_queries(writers: list[RoleCall], round_queries: list[dict[str, Any]]
 def _search_credit(call: RoleCall, round_index: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
     hit_gold = sorted({g for entry in entries for g in entry["gold"]})
     return {"role": call.role, "round": round_index, "queries": len(entries), "gold": hit_gold,
-            "new": sum(entry["new"] for entry in entries)}
+            "new": sum(entry["new"] for entry in entries), "positions": [entry["position"] for entry in entries]}
+
+
+def gold_known_before(credit: Mapping[str, Any], round_index: int, position: int) -> set[int]:
+    """The gold passages (indices) the searches before the `position`-th of round `round_index` had found, in the
+    credit's search order (`queries`): what a search there could still find new."""
+    known: set[int] = set()
+    for entry in credit.get("queries") or []:
+        if (entry["round"], entry["position"]) >= (round_index, position):
+            break
+        known |= set(entry["gold"])
+    return known
+
+
+def rank_credit(gold: Sequence[GoldPassage], known: set[int], ranked: Sequence[Sequence[str]],
+                passages: Mapping[str, PassageText] | None = None) -> float:
+    """A search call's find graded by rank: each gold passage not in `known` scores 1 / log2(1 + r) at the best
+    rank r (1-based) it holds in any of `ranked` (each query's passage ids, best first, searched deeper than the
+    agent's top-k), 0 where none holds it; the sum over the question's gold passages divided by their number.
+
+    A gold passage retrieved at rank 1 scores 1, at rank 5 0.39, at rank 100 0.15: a query that brings a missing
+    passage from nowhere to rank 30 is paid a little, where the found-new credit (top-k only) pays it nothing.
+    This is NDCG's gain without its normaliser, so it reads in the same units as `new / gold`."""
+    if not gold:
+        return 0.0
+    passages = passages or {}
+    score = 0.0
+    for index, passage in enumerate(gold):
+        if index in known:
+            continue
+        ranks = [rank for ids in ranked for rank, pid in enumerate(ids, 1) if found(passage, [pid], passages)]
+        if ranks:
+            score += 1.0 / math.log2(1 + min(ranks))
+    return score / len(gold)
 
 
 def _decision_credit(call: RoleCall, round_index: int, sufficient: bool | None, known: int,

@@ -19,7 +19,9 @@
 - process: the branch call's own credit (`records.credit`, in the trace): a writer's or proposer's share of the
   gold passages its queries found first, a consolidator's right stop-or-continue (1 or 0; a go-on is right only
   when the later rounds found more gold), the answer call's F1; 0 for every branch of a question without gold
-  passages (it then moves no advantage).
+  passages (it then moves no advantage). With `process_depth` set, a writer's or proposer's branch call is paid
+  its find graded by rank instead (`rank_credit`, written into its credit by `rl.rank_credit` during the
+  rollout): the gold no earlier search found, each worth 1 / log2(1 + its best rank) in a search that deep.
 
 TRL's advantages are taken unscaled (`rl.grpo.scale_rewards: none`, maps-train's default): an advantage is a
 reward minus its group's mean, in the units above, so branches that differ by a few tokens of cost get advantages
@@ -44,6 +46,8 @@ from maps_train.records.credit import call_credits
 from maps_train.records.evidence import PassageText, evidence_recall, gold_evidence, retrieved_ids
 from maps_train.records.metrics import answer_words, normalize_answer, scorable_golds, score_answer
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord
+
+RANK_CREDIT = "rank_credit"  # a search call's credit entry: its find graded by rank (`rl.rank_credit`)
 
 # In the order of `reward_weights`; each is the `__name__` of its reward function, so TRL logs rewards/<part>/mean.
 PARTS = ("correctness", "format", "cost", "evidence", "process")
@@ -115,14 +119,17 @@ def format_share(trace: TraceRecord, trained_roles: Sequence[str], branch_call: 
     return sum(call.parse_ok for call in calls) / len(calls) if calls else 0.0
 
 
-def call_process_credit(call: RoleCall, credit: dict[str, Any] | None, gold: int) -> float:
-    """One call's process reward from its credit (see the module docstring); 0 when it cannot be judged."""
+def call_process_credit(call: RoleCall, credit: dict[str, Any] | None, gold: int, ranked: bool = False) -> float:
+    """One call's process reward from its credit (see the module docstring); 0 when it cannot be judged.
+    `ranked`: a search call's rank-graded find where the rollout wrote one (`rl.reward.process_depth`)."""
     if credit is None:
         return 0.0
     if call.role == "answer":
         return float(credit.get("f1", 0.0))
     if gold <= 0:
         return 0.0
+    if ranked and RANK_CREDIT in credit:
+        return float(credit[RANK_CREDIT])
     if "new" in credit:
         return min(1.0, int(credit["new"]) / gold)
     if "right" in credit:
@@ -130,14 +137,15 @@ def call_process_credit(call: RoleCall, credit: dict[str, Any] | None, gold: int
     return 0.0
 
 
-def process(trace: TraceRecord, trained_roles: Sequence[str], branch_call: int | None = None) -> float:
+def process(trace: TraceRecord, trained_roles: Sequence[str], branch_call: int | None = None,
+            ranked: bool = False) -> float:
     """The branch call's credit; without one, the mean over the trained roles' calls."""
     gold = int((trace.credit or {}).get("gold", 0))
     branch = branch_of(trace, trained_roles, branch_call)
     if branch is not None:
-        return call_process_credit(branch[0], branch[1], gold)
+        return call_process_credit(branch[0], branch[1], gold, ranked)
     calls = trained_calls(trace, trained_roles)
-    return sum(call_process_credit(call, credit, gold) for call, credit in calls) / len(calls) if calls else 0.0
+    return sum(call_process_credit(call, credit, gold, ranked) for call, credit in calls) / len(calls) if calls else 0.0
 
 
 def cost_amount(trace: TraceRecord, unit: str) -> int:
@@ -188,7 +196,7 @@ def reward_parts(
         "format": format_share(trace, trained_roles, branch_call),
         "cost": cost_penalty(trace, config, right > 0),
         "evidence": evidence(trace, question, passages),
-        "process": process(trace, trained_roles, branch_call),
+        "process": process(trace, trained_roles, branch_call, ranked=config.process_depth is not None),
     }
 
 

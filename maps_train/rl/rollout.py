@@ -55,6 +55,7 @@ from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
 from maps_train.rl.layout import source_adapter_dir
 from maps_train.rl.policy import PolicyBackend, PolicySample
+from maps_train.rl.rank_credit import grade_branch_search
 
 PILOT = "pilot"
 
@@ -215,7 +216,7 @@ class BranchRollouts:
     """Pilot and branch episodes of MAPS for a batch of questions (see the module docstring)."""
 
     def __init__(self, recipe: Recipe, router: Any, policy: PolicyBackend, retriever: Retriever,
-                 trained_roles: Sequence[str], num_generations: int, seed: int):
+                 trained_roles: Sequence[str], num_generations: int, seed: int, rank_depth: int | None = None):
         if recipe.agent.method != "maps":
             raise MapsTrainError(f"agent.method: rl trains MAPS roles; got '{recipe.agent.method}'")
         self.recipe = recipe
@@ -225,6 +226,7 @@ class BranchRollouts:
         self.trained_roles = set(trained_roles)
         self.num_generations = num_generations
         self.seed = seed
+        self.rank_depth = rank_depth  # rl.reward.process_depth: grade a branch search call's find by rank
 
     def engine(self, backend: Any, step: int):
         """A MAPS engine over `backend` whose requests are seeded for training step `step`."""
@@ -269,4 +271,7 @@ class BranchRollouts:
         # Everything before the branch call was replayed, so the policy's first call of this episode is it.
         if not samples or samples[0].role not in self.trained_roles or not samples[0].sampled:
             raise MapsTrainError(f"rl rollout: episode '{branch.id}' made no sampled live call of the trained roles")
+        if self.rank_depth is not None:
+            grade_branch_search(trace, branch, sorted(self.trained_roles), branch_calls[source_id], self.retriever,
+                                self.rank_depth)
         return Rollout(branch, source_id, index % self.num_generations, branch_calls[source_id], samples[0], trace)

@@ -47,7 +47,7 @@ class MapsRollouts:
                                self.recipe.backend.truncate_prompt, adapter_of(self.recipe, self.role), rl.decoding)
         router = policy_router(self.recipe, self.trained_roles, policy, self.environment_backends)
         return BranchRollouts(self.recipe, router, policy, self.retriever, self.trained_roles,
-                              rl.num_generations, rl.seed)
+                              rl.num_generations, rl.seed, rl.reward_for(self.role).process_depth)
 
     def close(self) -> None:
         """Free the environment engines this role's router started (the next role builds its own)."""
