@@ -213,6 +213,10 @@ class AgentConfig:
     method: Literal["maps", "vanilla", "search_o1", "parallel_search", "s3"] = "maps"
     num_directions: int = 3  # N; the no-parallelism ablation is N = 1
     max_rounds: int = 10
+    # MAPS: the rounds searched before the consolidator's stop is obeyed (1: from the first). A stop before it is
+    # recorded as the consolidator said it (the credit judges that decision) and the search goes on: a floor on
+    # the search for a budget that can afford it, and the measure of what a later round buys (docs/learning-study.md).
+    min_rounds: int = 1
     top_k: int = 5
     use_directions: bool = True  # ablation "no directions": the writer writes N sub-queries directly
     decoupled: bool = True  # ablation "no decoupling": every role also sees the full trajectory
@@ -237,6 +241,10 @@ class AgentConfig:
     # recall equals Vanilla RAG's wherever a sub-query echoes the question and trails it elsewhere. With it on, the
     # credit of the round's writer and proposer calls counts only the gold the question's search missed.
     search_question: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rounds <= self.max_rounds:
+            raise ValueError(f"min_rounds must be from 1 to max_rounds ({self.max_rounds}), got {self.min_rounds}")
 
 
 def check_questions_files(paths: list[str]) -> list[str]:

@@ -145,6 +145,26 @@ def test_stops_when_sufficient_or_at_the_round_limit(schedule):
         assert order.index(("answer", "q0")) < max(i for i, call in enumerate(order) if call == ("proposer", "q2"))
 
 
+def test_a_stop_before_min_rounds_is_recorded_and_the_search_goes_on(schedule):
+    # q0 says "sufficient" from round 1, q1 from round 3: with min_rounds 2, q0 searches 2 rounds (round 1's stop is
+    # kept in its trace as said), q1 is unaffected, q2 (never sufficient) still ends at max_rounds.
+    scripts = {"consolidator": consolidator_sufficient_after({"q0": 1, "q1": 3})}
+    engine, backend, retriever = make_engine(["agent.max_rounds=4", "agent.min_rounds=2"], scripts=scripts)
+    traces = run_all(engine, questions(3), schedule)
+    assert [t.num_rounds for t in traces] == [2, 3, 4]
+    assert [t.stop_reason for t in traces] == ["sufficient", "sufficient", "max_rounds"]
+    assert [r.sufficient for r in traces[0].rounds] == [True, True]
+    assert [len(backend.requests("consolidator", f"q{i}")) for i in range(3)] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("value", ["0", "5"])
+def test_min_rounds_outside_one_to_max_rounds_is_a_one_line_error(value):
+    from maps_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"agent: min_rounds must be from 1 to max_rounds \(4\), got " + value):
+        load_recipe(None, ["agent.max_rounds=4", f"agent.min_rounds={value}"])
+
+
 def test_max_rounds_one_and_single_direction(schedule):
     engine, backend, retriever = make_engine(["agent.max_rounds=1", "agent.num_directions=1"])
     (trace,) = run_all(engine, questions(1), schedule)

@@ -188,6 +188,8 @@ def test_only_calls_that_can_change_the_outcome_are_branch_points():
     assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=3) == [3, 6, 7]
     assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=1) == [7]
     assert decisive_calls(calls, {"writer"}, max_rounds=2) == [1, 2, 5]  # every sub-query decides what is found
+    # Before agent.min_rounds the search goes on whatever the consolidator says: no branch point either.
+    assert decisive_calls(calls, {"consolidator", "answer"}, max_rounds=3, min_rounds=2) == [6, 7]
 
 
 def test_deployed_decoding_samples_the_branch_call_under_its_schema_and_decodes_the_rest_as_deployed(policy_model):

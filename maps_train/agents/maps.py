@@ -10,7 +10,7 @@ past sub-queries never reach a prompt. Ablations are switches of this same engin
 
 Each step makes ONE backend call per role for all active questions (the writer's covers N calls per question) and
 ONE retriever call for all their sub-queries; a question leaves the batch when its consolidator says the knowledge
-suffices or at `agent.max_rounds`.
+suffices (obeyed from round `agent.min_rounds` on) or at `agent.max_rounds`.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class MapsEngine(Engine):
         return [run.to_trace(self.method, self.config_digest) for run in runs]
 
     def _stopped(self, run: MapsRun) -> bool:
-        if run.current.sufficient:
+        if run.current.sufficient and len(run.rounds) >= self.agent.min_rounds:
             run.stop_reason = "sufficient"
         elif len(run.rounds) >= self.agent.max_rounds:
             run.stop_reason = "max_rounds"

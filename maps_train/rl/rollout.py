@@ -191,17 +191,19 @@ def branch_index(seed: int, step: int, question_id: str, calls: int) -> int:
     return random.Random(request_seed(seed, step, question_id, "rl-branch", calls)).randrange(calls)
 
 
-def decisive_calls(calls: Sequence[LoggedCall], trained_roles: set[str], max_rounds: int) -> list[int]:
+def decisive_calls(calls: Sequence[LoggedCall], trained_roles: set[str], max_rounds: int,
+                   min_rounds: int = 1) -> list[int]:
     """The positions in `calls` (one episode's, in call order) of the trained roles' calls that can change the
     outcome, the branch points: every proposer, writer and answer call (what they write decides the passages
-    found or the answer), and a consolidator call only before the last round `agent.max_rounds` allows, where its
-    stop-or-continue decides whether another round is searched. At the last round the search stops whatever it
-    says, and its credit (right stop-or-continue) would reward a decision nothing follows from."""
+    found or the answer), and a consolidator call only from round `agent.min_rounds` to the one before the last
+    round `agent.max_rounds` allows, where its stop-or-continue decides whether another round is searched. Before
+    min_rounds the search goes on, and at the last round it stops, whatever it says: its credit (right
+    stop-or-continue) would reward a decision nothing follows from."""
     positions, consolidations = [], 0
     for i, call in enumerate(calls):
         if call.request.role == "consolidator":
             consolidations += 1
-            if consolidations >= max_rounds:
+            if not min_rounds <= consolidations < max_rounds:
                 continue
         if call.request.role in trained_roles:
             positions.append(i)
@@ -247,7 +249,8 @@ class BranchRollouts:
         branch_calls: dict[str, int] = {}
         for question in questions:
             calls = pilots.calls[branch_id(question.id, PILOT)]
-            decisive = decisive_calls(calls, self.trained_roles, self.recipe.agent.max_rounds)
+            decisive = decisive_calls(calls, self.trained_roles, self.recipe.agent.max_rounds,
+                                      self.recipe.agent.min_rounds)
             if not decisive:
                 raise MapsTrainError(f"rl rollout: question '{question.id}': the pilot made no call of "
                                      f"{', '.join(sorted(self.trained_roles))} that can change its outcome")
