@@ -129,6 +129,11 @@ def test_the_process_reward_pays_the_graded_find_only_when_asked(bm25):
     assert reward_parts(trace, QUESTION, ["writer"], RLRewardConfig(), branch_call=0)["process"] == 0.0
     with pytest.raises(ConfigError, match="rl.reward.process_depth"):
         RLRewardConfig(process_depth=0)
+    from maps_train.rl.checks import check_rl_config
+
+    with pytest.raises(ConfigError, match=r"rl.reward.process_depth \(writer\): 3 is shallower .*agent.top_k: 5"):
+        check_rl_config(load_recipe(None, ["agent.top_k=5", "rl.roles=[writer]", "rl.init=base",
+                                           "rl.role_reward={writer: {process_depth: 3}}"]))
     recipe = load_recipe(None, ["rl.role_reward={writer: {process_depth: 50}}"])
     assert recipe.rl.reward_for("writer").process_depth == 50 and recipe.rl.reward_for("consolidator").process_depth is None
 

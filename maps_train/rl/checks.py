@@ -43,6 +43,11 @@ def check_rl_config(recipe: Recipe) -> None:
         if role not in roles:
             raise ConfigError(f"rl.role_reward.{role}: no role of sft_data.adapter_roles{did_you_mean(role, roles)} "
                               f"({', '.join(sorted(roles))}); its reward would price nothing")
+    for role in rl.roles:
+        depth = rl.reward_for(role).process_depth
+        if depth is not None and depth < recipe.agent.top_k:
+            raise ConfigError(f"rl.reward.process_depth ({role}): {depth} is shallower than the agent's own search "
+                              f"(agent.top_k: {recipe.agent.top_k}); a find there would be paid nothing")
     if rl.decisions == "both" and (rl.decoding != "deployed" or rl.num_generations % 2):
         raise ConfigError(f"rl.decisions: 'both' fixes the decision by the role's grammar in half the branches: it "
                           f"needs rl.decoding: deployed and an even rl.num_generations (got {rl.decoding}, "
