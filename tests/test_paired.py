@@ -44,3 +44,55 @@ def test_the_table_shows_scores_times_100_and_costs_as_counted():
     assert "| a -> b | EM | 4 | 0.0 | 75.0 | +75.0 | [+25.0, +100.0] | yes |" in table
     assert "| a -> b | Retrievals | 4 | 1.0 | 3.0 | +2.0 | [+2.0, +2.0] | yes |" in table
     assert "| a -> b | Tokens | 4 | 110 | 110 | +0.0 | [+0.0, +0.0] | no |" in table
+
+
+def test_a_side_joined_with_plus_is_the_per_question_mean_of_its_systems():
+    rows = [
+        {"system": "sft", "dataset": "x", "question_id": "1", "evidence_recall": 0.0},
+        {"system": "sft", "dataset": "x", "question_id": "2", "evidence_recall": 0.5},
+        {"system": "rl0", "dataset": "x", "question_id": "1", "evidence_recall": 1.0},
+        {"system": "rl0", "dataset": "x", "question_id": "2", "evidence_recall": 0.5},
+        {"system": "rl1", "dataset": "x", "question_id": "1", "evidence_recall": 0.5},
+        {"system": "rl1", "dataset": "x", "question_id": "2", "evidence_recall": 1.0},
+        {"system": "rl1", "dataset": "x", "question_id": "3", "evidence_recall": 1.0},  # rl0 never answered it
+        {"system": "sft", "dataset": "x", "question_id": "3", "evidence_recall": 0.0},
+    ]
+    # Question 1: (1.0 + 0.5) / 2 = 0.75; question 2: 0.75; question 3 is not every seed's, so it is left out.
+    assert paired_rows(rows, "sft", "rl0+rl1", "evidence_recall") == ([0.0, 0.5], [0.75, 0.75])
+    assert compare(rows, "sft", "rl0+rl1", "evidence_recall").difference == pytest.approx(0.5)
+
+
+def test_compare_command_reads_labelled_runs_and_refuses_bad_input_in_one_line(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from maps_train.cli import app
+
+    def write(folder, rows):
+        folder.mkdir()
+        (folder / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    # Two runs with a system of the same name: labelled, they stay apart. B - A on recall: +0.25 on each question.
+    write(tmp_path / "one", [{"system": "sft", "dataset": "x", "question_id": q, "evidence_recall": 0.25, "em": 0.0}
+                             for q in "12"])
+    write(tmp_path / "two", [{"system": "sft", "dataset": "x", "question_id": q, "evidence_recall": 0.5, "em": 1.0}
+                             for q in "12"])
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", "one/sft>two/sft", "-r", f"one={tmp_path / 'one'}",
+                                 "-r", f"two={tmp_path / 'two' / 'results.jsonl'}", "-m", "evidence_recall", "-m", "em"])
+    assert result.exit_code == 0, result.output
+    assert "| one/sft -> two/sft | Evidence recall, retrieved | 2 | 25.0 | 50.0 | +25.0 | [+25.0, +25.0] | yes |" \
+        in result.output
+    assert "| one/sft -> two/sft | EM | 2 | 0.0 | 100.0 | +100.0 |" in result.output
+    for args, message in [
+        (["compare", "sft", "-r", str(tmp_path / "one")], "pair 'sft': write it A>B"),
+        (["compare", "sft>rl", "-r", str(tmp_path / "one")], "system 'rl' is in no results read (there: sft)"),
+        (["compare", "sft>sft", "-r", str(tmp_path / "none")], f"no results file at {tmp_path / 'none'}"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "maps_train.cli", *args], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.startswith("maps-train: error: ") and message in done.stderr, \
+            done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -1,4 +1,5 @@
-"""`maps-train eval SUITE.yaml [overrides]` and `maps-train report OUT_DIR`: thin wrappers over run_suite/build_report."""
+"""`maps-train eval SUITE.yaml [overrides]`, `maps-train compare A>B -r OUT_DIR` and `maps-train report OUT_DIR`:
+thin wrappers over run_suite, the paired comparison and build_report."""
 
 from __future__ import annotations
 
@@ -31,6 +32,26 @@ def register(app: typer.Typer) -> None:
         )
         typer.echo(outcome.files.markdown.read_text(encoding="utf-8"))
         typer.echo(f"{outcome.scored} new results; report in {outcome.out_dir}")
+
+    @app.command("compare")
+    def compare_command(
+        pairs: list[str] = typer.Argument(..., help='"A>B": B against A, paired by question; a side may join systems '
+                                          'with + ("rl_s0+rl_s1+rl_s2": their per-question mean, e.g. seeds)'),
+        results: list[str] = typer.Option(..., "--results", "-r", help="A suite's out_dir or its results.jsonl; "
+                                          "LABEL=PATH names its systems LABEL/<system> (repeatable)"),
+        measure: list[str] = typer.Option(None, "--measure", "-m", help="Measures (default: evidence_recall, em, "
+                                          "f1, rounds, retrievals, tokens)."),
+        dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Only these data sets (repeatable)."),
+    ) -> None:
+        """Paired bootstrap 95% intervals of B - A between systems of one or more eval runs."""
+        from maps_train.evaluate.paired import check_systems, comparison_table, parse_pair
+        from maps_train.evaluate.results import read_labelled_results
+
+        rows = [row for source in results for row in read_labelled_results(source)]
+        parsed = [parse_pair(pair) for pair in pairs]
+        check_systems(rows, parsed)
+        measures = measure or ["evidence_recall", "em", "f1", "rounds", "retrievals", "tokens"]
+        typer.echo(comparison_table(rows, parsed, measures, datasets=set(dataset) if dataset else None))
 
     @app.command("report")
     def report_command(out_dir: str = typer.Argument(..., help="A suite's out_dir (holds results.jsonl)")) -> None:

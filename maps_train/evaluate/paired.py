@@ -76,20 +76,36 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int =
     return float(low), float(high)
 
 
-def paired_rows(rows: Iterable[dict[str, Any]], system_a: str, system_b: str, measure: str,
-                datasets: set[str] | None = None) -> tuple[list[float], list[float]]:
-    """The measure of A and B on every question both answered and both have it for, in one order."""
-    if measure not in MEASURES:
-        raise MapsTrainError(f"measure: unknown '{measure}' (known: {', '.join(MEASURES)})")
-    read = MEASURES[measure][1]
-    values: dict[str, dict[tuple[str, str], float]] = {system_a: {}, system_b: {}}
+SEEDS_JOIN = "+"  # "a+b+c": one side of a pair that is the per-question mean of systems a, b and c (seeds)
+
+
+def _system_values(rows: Iterable[dict[str, Any]], system: str, read: Callable[[dict[str, Any]], float | None],
+                   datasets: set[str] | None) -> dict[tuple[str, str], float]:
+    """(dataset, question id) -> the measure of `system`; of a "+"-joined system, the mean of its members on the
+    questions every member answered."""
+    members = system.split(SEEDS_JOIN)
+    values: dict[str, dict[tuple[str, str], float]] = {member: {} for member in members}
     for row in rows:
         if row.get("system") in values and (datasets is None or row.get("dataset") in datasets):
             value = read(row)
             if value is not None:
                 values[row["system"]][(str(row.get("dataset")), str(row.get("question_id")))] = float(value)
-    keys = sorted(values[system_a].keys() & values[system_b].keys())
-    return [values[system_a][k] for k in keys], [values[system_b][k] for k in keys]
+    keys = set.intersection(*(set(found) for found in values.values()))
+    return {key: sum(values[member][key] for member in members) / len(members) for key in keys}
+
+
+def paired_rows(rows: Iterable[dict[str, Any]], system_a: str, system_b: str, measure: str,
+                datasets: set[str] | None = None) -> tuple[list[float], list[float]]:
+    """The measure of A and B on every question both answered and both have it for, in one order. A side may
+    join systems with "+" ("rl_seed0+rl_seed1"): their per-question mean, so the interval is over questions with
+    the seeds averaged."""
+    if measure not in MEASURES:
+        raise MapsTrainError(f"measure: unknown '{measure}' (known: {', '.join(MEASURES)})")
+    rows = list(rows)
+    a = _system_values(rows, system_a, MEASURES[measure][1], datasets)
+    b = _system_values(rows, system_b, MEASURES[measure][1], datasets)
+    keys = sorted(a.keys() & b.keys())
+    return [a[k] for k in keys], [b[k] for k in keys]
 
 
 def compare(rows: Sequence[dict[str, Any]], system_a: str, system_b: str, measure: str, *,
@@ -127,4 +143,23 @@ def comparison_table(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, 
     return "\n".join(lines)
 
 
-__all__ = ["MEASURES", "PairedDifference", "compare", "comparison_table", "paired_bootstrap", "paired_rows"]
+def parse_pair(text: str) -> tuple[str, str]:
+    """"A>B" -> (A, B); a one-line error for anything else."""
+    parts = [part.strip() for part in text.split(">")]
+    if len(parts) != 2 or not all(parts):
+        raise MapsTrainError(f"pair '{text}': write it A>B (B against A; a side may join seeds with +)")
+    return parts[0], parts[1]
+
+
+def check_systems(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str]]) -> None:
+    """A one-line error naming the first system of `pairs` that no row holds, and the systems that are there."""
+    known = sorted({str(row.get("system")) for row in rows})
+    for pair in pairs:
+        for side in pair:
+            for system in side.split(SEEDS_JOIN):
+                if system not in known:
+                    raise MapsTrainError(f"system '{system}' is in no results read (there: {', '.join(known)})")
+
+
+__all__ = ["MEASURES", "PairedDifference", "check_systems", "compare", "comparison_table", "paired_bootstrap",
+           "paired_rows", "parse_pair"]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from maps_train.errors import MapsTrainError
 from maps_train.evaluate.cost import compute_flops
 from maps_train.questions import Question
 from maps_train.records.answer import AnswerRecord
@@ -27,6 +28,19 @@ def results_file(path: str | Path) -> KeyedJsonl:
 def read_results(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a results file in order (a torn last line skipped, the file left as it is)."""
     return list(results_file(path).load(repair=False).values())
+
+
+def read_labelled_results(source: str) -> list[dict[str, Any]]:
+    """The rows of `source`: a results file or a suite's out_dir holding one; "LABEL=PATH" renames each row's
+    system LABEL/<system>, so two runs' systems of one name (two studies' maps_sft) can be compared."""
+    label, _, path = source.partition("=") if "=" in source else ("", "", source)
+    target = Path(path)
+    if target.is_dir():
+        target = target / "results.jsonl"
+    if not target.is_file():
+        raise MapsTrainError(f"--results {source}: no results file at {target}")
+    rows = read_results(target)
+    return [{**row, "system": f"{label}/{row['system']}"} for row in rows] if label else rows
 
 
 def score_record(
