@@ -126,7 +126,7 @@ def rank_credit(gold: Sequence[GoldPassage], known: set[int], ranked: Sequence[S
 
     A gold passage retrieved at rank 1 scores 1, at rank 5 0.39, at rank 100 0.15: a query that brings a missing
     passage from nowhere to rank 30 is paid a little, where the found-new credit (top-k only) pays it nothing.
-    This is NDCG's gain without its normaliser, so it reads in the same units as `new / gold`."""
+    This is DCG's rank discount with a gain of 1 a passage, so it reads in the same units as `new / gold`."""
     if not gold:
         return 0.0
     passages = passages or {}
