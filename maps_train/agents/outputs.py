@@ -13,6 +13,7 @@ never raise and run in linear time (see `jsonparse`); every value they return is
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from typing import Any
@@ -39,6 +40,44 @@ OBSERVATION_MAX_CHARS = 800
 STATE_MAX_CHARS = 1200
 ANSWER_MAX_CHARS = 200
 BASELINE_QUERY_MAX_CHARS = 1000  # the baselines' free-text queries (their prompts set no bound); longer ones are cut
+
+
+# The separators of the JSON a deployed role writes: vLLM's xgrammar backend under `disable_any_whitespace`
+# (`llm.vllm_backend`, `serve.plan`) allows no whitespace between tokens. A training target written otherwise
+# (`{"query": "x"}`) is text the student cannot produce under its own decoding.
+DEPLOYED_JSON_SEPARATORS = (",", ":")
+
+
+# xgrammar compiles a string with `maxLength` (every string of the schemas below has one) to characters that need
+# no escape: a deployed role never writes `"`, `\` or a control character inside a string. A target holding one
+# teaches text the student cannot produce; each is written as the nearest character it can.
+_UNWRITABLE = str.maketrans({'"': "'", "\\": "/", **{chr(code): " " for code in range(32)}})
+
+
+def _writable(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.translate(_UNWRITABLE)
+    if isinstance(value, list):
+        return [_writable(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _writable(item) for key, item in value.items()}
+    return value
+
+
+def deployed_json(value: dict[str, Any]) -> str:
+    """`value` as the deployed decoding can write a role's JSON: no whitespace between tokens, non-ASCII kept, no
+    character inside a string that would need an escape (`_UNWRITABLE`)."""
+    return json.dumps(_writable(value), ensure_ascii=False, separators=DEPLOYED_JSON_SEPARATORS)
+
+
+def as_deployed_json(text: str) -> str:
+    """`text` rewritten by `deployed_json` when the whole of it is one JSON object (a teacher that wrote spaces,
+    key order kept); any other text as it is."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return deployed_json(value) if isinstance(value, dict) else text
 
 
 def _string(max_chars: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maps_train.adapters import MANIFEST_FILE, AdapterSet, distilled_set, load_set, with_student_routes
 from maps_train.agents.jsonparse import Parsed
 from maps_train.agents.outputs import (
     answer_schema,
@@ -247,17 +248,25 @@ def iteration_dir(recipe: Recipe, iteration: int) -> Path:
     return Path(recipe.onpolicy.out_dir) / f"iter-{iteration}"
 
 
-def adapters_before(recipe: Recipe, iteration: int) -> str:
-    """The adapters the student runs with in `iteration`: the previous iteration's, or the off-policy ones."""
-    return recipe.train.output_dir if iteration == 1 else str(iteration_dir(recipe, iteration - 1) / "adapters")
+def adapters_before(recipe: Recipe, iteration: int) -> AdapterSet:
+    """The adapter set the student runs with in `iteration`: the previous iteration's, or the distilled
+    (off-policy) one."""
+    if iteration == 1:
+        return distilled_set(recipe)
+    return load_set(iteration_dir(recipe, iteration - 1) / "adapters", recipe)
 
 
-def student_recipe(recipe: Recipe, iteration: int) -> Recipe:
-    from maps_train.serve.plan import with_distilled_routes
+def student_recipe(recipe: Recipe, adapters: AdapterSet) -> Recipe:
+    """The recipe whose routes are the student's with `adapters` (an in-process vLLM engine)."""
+    return with_student_routes(recipe, adapters, via="engine")
 
-    train = dataclasses.replace(recipe.train, output_dir=adapters_before(recipe, iteration))
-    return with_distilled_routes(dataclasses.replace(recipe, train=train, serve=dataclasses.replace(
-        recipe.serve, adapters_dir=None)), via="engine")
+
+def record_parent(folder: Path, parent: AdapterSet) -> None:
+    """Name the set an iteration's adapters were retrained from in their manifest's lineage (`parent`)."""
+    if (folder / MANIFEST_FILE).is_file():
+        retrained = AdapterSet.read_manifest(folder / MANIFEST_FILE)
+        lineage = {**retrained.lineage, "parent": str(parent.root), "stage": "onpolicy"}
+        dataclasses.replace(retrained, lineage=lineage).write()
 
 
 def teacher_router(recipe: Recipe):
@@ -303,7 +312,8 @@ def run_iteration(
     # One writer per iteration folder: two would label every call twice and train on the mix.
     with sole_writer(out, "maps-train distill-on-policy"):
         questions = load_training_questions(recipe)
-        run_method(student_recipe(recipe, iteration), questions, out / "student", backend=student_backend,
+        before = adapters_before(recipe, iteration)
+        run_method(student_recipe(recipe, before), questions, out / "student", backend=student_backend,
                    retriever=retriever, progress=progress)
         traces = [t for _, t in iter_traces(out / "student" / "traces.jsonl") if isinstance(t, TraceRecord)]
 
@@ -325,6 +335,7 @@ def run_iteration(
         (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=1) + "\n", encoding="utf-8")
         if train is not None:
             train(sft_dir, out / "adapters")
+            record_parent(out / "adapters", before)
         return stats
 
 

@@ -1,4 +1,5 @@
-"""`maps-train traces` (teacher runs) and `maps-train sft-data` (per-adapter SFT sets).
+"""`maps-train traces` (teacher runs) and `maps-train sft-data` (per-adapter SFT sets). A teacher's traces are scored
+as an eval system's rows by `maps-train score-traces` (`evaluate.trace_scoring`).
 
 With W&B on, each logs what it made as an artifact: the traces (by reference: checksums, not uploads) and the SFT
 sets, the second marked as made from the first (`maps_train.tracking`).
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from maps_train.plan.preflight import no_plan_option, preflight
+from maps_train.preflight_hook import no_plan_option, preflight
 
 # Never part of the traces artifact: run folders, and the SFT sets sft-data writes under the traces by default.
 TRACES_SKIPPED = ("wandb", "sft")
@@ -45,12 +46,15 @@ def register(app: typer.Typer) -> None:
         from maps_train.config.yaml_io import to_dict
         from maps_train.recipe import load_recipe
         from maps_train.records.shards import Shard
+        from maps_train.teachers import Annotations
         from maps_train.traces.collect import collect_traces
         from maps_train.tracking import make_tracker
 
         loaded = load_recipe(recipe, overrides or [])
         part = Shard.parse(shard)
-        totals = collect_traces(loaded, shard=part)
+        teachers = {route.backend for route in loaded.roles.values()}
+        annotations = Annotations.from_files(loaded.traces.questions) if "annotation" in teachers else None
+        totals = collect_traces(loaded, shard=part, annotations=annotations)
         runs = totals.pop("runs")
         for run in runs:
             typer.echo(f"{run['questions']} questions -> {run['out_dir']}")
@@ -70,7 +74,8 @@ def register(app: typer.Typer) -> None:
         skip_bad_lines: bool = typer.Option(None, "--skip-bad-lines/--no-skip-bad-lines",
                                             help="Skip malformed trace lines instead of stopping at the first."),
     ) -> None:
-        """Keep correct, fully parsed, distinct samples (at most sft_data.max_samples_per_question per question);
+        """Turn teacher traces into SFT rows: by sample (sft_data.filter: trace, correct and fully parsed ones)
+        or by each call's own credit (filter: role), distinct, at most sft_data.max_samples_per_question a question;
         write one TRL prompt-completion set per adapter (a seeded eval split with sft_data.eval_fraction), with
         per-role counts of kept and rejected rows. Students of one teacher share the set (see sft_data.out_dir)."""
         from maps_train.config.yaml_io import to_dict

@@ -70,9 +70,11 @@ def run_dirs(recipe: Recipe) -> list[tuple[Path, Path, int]]:
 
 
 def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bool = True,
-                   shard: Shard | None = None) -> dict[str, Any]:
+                   shard: Shard | None = None, annotations: Any = None) -> dict[str, Any]:
     """Run the teacher over every questions file and sample; returns totals for the cost log. With `shard`, only
-    its questions, written under `<traces.out_dir>/shards/I-of-N/` (`maps-train merge-shards` joins them)."""
+    its questions, written under `<traces.out_dir>/shards/I-of-N/` (`maps-train merge-shards` joins them).
+    `annotations`: the questions' gold annotations (`maps_train.teachers.Annotations.from_files(traces.questions)`),
+    which routes with `backend: annotation` play their roles from (the annotation teacher)."""
     if shard is not None:
         traces = dataclasses.replace(recipe.traces, out_dir=str(shard.out_dir(recipe.traces.out_dir)))
         recipe = dataclasses.replace(recipe, traces=traces)
@@ -84,7 +86,7 @@ def collect_traces(recipe: Recipe, *, backend=None, retriever=None, progress: bo
     if router is None:
         from maps_train.llm.router import build_router
 
-        router = build_router(recipe)
+        router = build_router(recipe, annotations=annotations)
     if retriever is None:
         from maps_train.retrieval.factory import build_retriever
 

@@ -34,10 +34,10 @@ the rows kept and dropped.
 
 A floor per role (`sft_data.min_rows_per_role`): a role left with fewer kept rows than that keeps none
 (`below_floor` in `stats.json`, per role). A handful of rows teaches a constant, not a skill: the learning study's
-4 answer rows that passed F1 >= 0.5, mostly "yes" to comparison questions, made its distilled agent answer "yes" to
-107 of 152 dev questions. The role's adapter then trains without it (`maps-train train` records the rows per role
+few answer rows that passed F1 >= 0.5, mostly "yes" to comparison questions, made its distilled agent answer
+"yes" to most dev questions (docs/learning-study.md). The role's adapter then trains without it (`maps-train train` records the rows per role
 as `rows_per_role` in the adapter's `train_summary.json`) and the distilled routes send the role to the base model
-(`maps_train.serve.plan.distilled_routes`); an adapter left with no row at all is not trained
+(`maps_train.adapters.AdapterSet.routes`); an adapter left with no row at all is not trained
 (`maps_train.train.unlearned`).
 
 `chat_template_kwargs` makes training render the same prompt vLLM renders at serving time. Rows are message lists,
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from maps_train.agents.outputs import as_deployed_json
 from maps_train.errors import MapsTrainError
 from maps_train.library_options import SFTOptions
 from maps_train.paths import write_text_atomic
@@ -159,7 +160,11 @@ def is_correct(trace: TraceRecord) -> bool:
 
 
 def render_completion(text: str, reasoning: str | None, enable_thinking: bool) -> str:
-    """What the student learns to write: the teacher's output, with its thinking when thinking is on."""
+    """What the student learns to write: the teacher's output, with its thinking when thinking is on. An output
+    that is one JSON object is written as the student's deployed decoding writes it (`as_deployed_json`), whoever
+    the teacher was: a served model without that grammar, or the annotation teacher of older traces, put spaces
+    after `:` and `,` that the student's grammar never lets it produce."""
+    text = as_deployed_json(text)
     if enable_thinking and reasoning:
         return f"<think>\n{reasoning.strip()}\n</think>\n\n{text}"
     return text
