@@ -5,7 +5,7 @@
 Three runs of MAPS over the demo world's test questions (BM25 retrieval, SmolLM2-135M-Instruct, structured outputs):
   base     a plain server (no LoRA), every role on the base model
   lora+base  the `maps-train serve` server (three adapters, plan_server + VLLMServer), every role on the base model
-  adapters the same server, each role on its own adapter (with_distilled_routes(via="server"))
+  adapters the same server, each role on its own adapter (with_student_routes(recipe, distilled_set(recipe), via="server"))
 The LoRA server runs once per `--lora-ops` choice: `grouped` (maps-train's vLLM plugin, maps_train/llm/vllm_cpu_lora.py:
 its ops and its fused `add_lora_linear`), `ops` (its ops under vLLM's own wrapper method: two op calls per output
 slice) and `reference` (vLLM-CPU's own per-token gather + einsum).
@@ -64,7 +64,7 @@ def make_recipe(work: Path, adapters: Path, args):
     return load_recipe(None, [
         "name=bench-serve",
         f"retrieval.corpus={REPO / 'data/demo/corpus.jsonl'}", "retrieval.kind=bm25",
-        f"retrieval.index_dir={work / 'index'}", "retrieval.top_k=3",
+        f"retrieval.index_dir={work / 'index'}",
         "backend.dtype=float32", "backend.enforce_eager=true", "backend.max_model_len=2048",
         f"backend.concurrency={args.concurrency}",
         "roles.default.backend=openai", f"roles.default.model={MODEL}", f"roles.default.max_tokens={args.max_tokens}",
@@ -131,10 +131,11 @@ def main() -> None:
                         help="LoRA op sets to run the LoRA server with (MAPS_TRAIN_VLLM_CPU_LORA), comma-separated")
     args = parser.parse_args()
 
+    from maps_train.adapters import distilled_set, with_student_routes
     from maps_train.models import resolve_model
     from maps_train.questions import load_questions
     from maps_train.retrieval.factory import build_retriever
-    from maps_train.serve import plan_server, with_distilled_routes
+    from maps_train.serve import plan_server
     from maps_train.serve.server import VLLMServer
 
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
@@ -142,7 +143,7 @@ def main() -> None:
     adapters = Path(args.adapters) if args.adapters else zero_adapters(base, work / "adapters")
     recipe = make_recipe(work, adapters, args)
     questions = load_questions(REPO / "data/demo/test.jsonl", limit=args.questions)
-    adapter_recipe = with_distilled_routes(recipe, via="server")
+    adapter_recipe = with_student_routes(recipe, distilled_set(recipe), via="server")
     plan = plan_server(recipe)
     print(f"{len(questions)} questions, MAPS N={args.directions}, {args.rounds} rounds, max_tokens {args.max_tokens}, "
           f"{MODEL}, adapters {'B=0 (outputs = base)' if not args.adapters else adapters}, "

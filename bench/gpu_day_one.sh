@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# GPU day one (issue 47): install the GPU set, then check `maps-train plan` against one GPU on randomly initialised
-# real shapes (bench/gpu_day_one.py: LoRA SFT peaks of Qwen3-0.6B/1.7B/4B, a vLLM engine with three LoRA adapters,
-# FAISS search). One table out, also written to $OUT/gpu_day_one.json. Fits in 10 minutes on one H200.
+# GPU day one (issues 47, 63) on the GPU machine as it is lent: no package index, 64 MiB carried a call, an image
+# with torch, transformers, accelerate and peft but no trl, datasets, vllm or faiss. It installs only the carried
+# wheelhouse of what is missing and small (trl, datasets and their missing dependencies: bench/gpu_wheelhouse.sh
+# makes it, about 2 MB), then bench/gpu_day_one.py measures each case in its own process and always writes its
+# table and JSON ($OUT/gpu_day_one.{txt,json,log}). About 6 minutes on one H200; bounded at 9.5.
 #
-#   bench/gpu_day_one.sh [--wheels DIR] [--extra gpu|gpu-faiss] [--venv DIR] [--no-install] [--dry-run]
+#   bench/gpu_day_one.sh [--wheels DIR] [--python PY] [--dry-run] [-- gpu_day_one.py options]
 #
-#   --wheels DIR   install offline from a wheelhouse (a machine without a package index), made beforehand where
-#                  PyPI is reachable:  pip download -d DIR -e ".[gpu]"
-#   --extra NAME   the set to install (pyproject.toml): gpu (FAISS in host memory, default) or gpu-faiss
-#   --venv DIR     where (default .venv-gpu); --no-install uses it as it is
+#   --wheels DIR   the carried wheelhouse (default .whl)
+#   --python PY    the interpreter that holds the image's torch (default python3)
 #   --dry-run      print the commands, run none (tests/test_gpu_day_one.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS="" EXTRA="gpu" VENV=".venv-gpu" INSTALL=1 DRY=0
+WHEELS=".whl" PY="python3" DRY=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --wheels) WHEELS="$2"; shift 2 ;;
-    --extra) EXTRA="$2"; shift 2 ;;
-    --venv) VENV="$2"; shift 2 ;;
-    --no-install) INSTALL=0; shift ;;
+    --python) PY="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --) shift; break ;;
     *) echo "gpu_day_one.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -31,17 +30,7 @@ run() {
   if [[ $DRY -eq 0 ]]; then "$@"; fi
 }
 
-if [[ $INSTALL -eq 1 ]]; then
-  if [[ -n "$WHEELS" ]]; then
-    source=(--no-index --find-links "$WHEELS")
-  else
-    source=()
-  fi
-  run python3 -m venv "$VENV"
-  run "$VENV/bin/pip" install --quiet "${source[@]}" -e ".[$EXTRA]"
-fi
 run mkdir -p "$OUT"
-run nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-# The whole check is bounded: 9 minutes for the measurements, whatever the install took.
-run env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-  timeout 540 "$VENV/bin/python" bench/gpu_day_one.py --json "$OUT/gpu_day_one.json"
+if [[ $DRY -eq 0 ]]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true; fi
+run env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  timeout 570 "$PY" bench/gpu_day_one.py --wheels "$WHEELS" --json "$OUT/gpu_day_one.json" "$@"
