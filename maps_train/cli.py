@@ -2,7 +2,7 @@
 
 Each stage package that has commands ships a `cli.py` with `register(app)`; only packages that provide one
 appear in `--help`. A command that starts engines or ranks (traces, train, serve, eval, rl) checks its own
-stage's memory plan first, in its own body (`plan.preflight.preflight`). Every `MapsTrainError`, and every
+stage's memory plan first, in its own body (`plan.preflight.preflight`, installed in `preflight_hook` here). Every `MapsTrainError`, and every
 OSError (as its path and reason), is printed as one line on stderr with exit code 2.
 """
 
@@ -15,7 +15,9 @@ import typer
 
 from maps_train.config.redaction import install_log_redaction, redact_text
 from maps_train.errors import MapsTrainError, os_error_line
+from maps_train.plan.preflight import preflight
 from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
+from maps_train.preflight_hook import install as install_preflight
 
 app = typer.Typer(
     name="maps-train",
@@ -51,17 +53,27 @@ COMMAND_MODULES = (
 def config_show(
     recipe: str = typer.Argument(None, help="A recipe YAML file (defaults when omitted)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. agent.num_directions=4"),
+    explain: bool = typer.Option(False, "--explain", help="Each field's type, default, value, source file and "
+                                 "description, section by section, with the stages that read it."),
+    section: str = typer.Option(None, "--section", help="With --explain: only this section (e.g. agent)."),
 ) -> None:
     """Print the resolved recipe: file values, overrides and defaults (secrets such as backend.api_key as ***)."""
+    from maps_train.config.explain import explain_rows, format_rows, redacted
+    from maps_train.config.overlays import load_config_with_sources
     from maps_train.config.redaction import redact_secrets
     from maps_train.config.yaml_io import dump_yaml
-    from maps_train.recipe import load_recipe
+    from maps_train.recipe import Recipe
 
+    loaded, sources = load_config_with_sources(Recipe, recipe, overrides or [])
     # printed output ends up in terminals, logs and bug reports: never echo a key
-    typer.echo(dump_yaml(redact_secrets(load_recipe(recipe, overrides or []))), nl=False)
+    if explain:
+        typer.echo(redact_text(format_rows(redacted(explain_rows(loaded, sources)), section)), nl=False)
+    else:
+        typer.echo(dump_yaml(redact_secrets(loaded)), nl=False)
 
 
 def _register_all() -> None:
+    install_preflight(preflight)  # the stage commands sit below `plan`: they call it through `preflight_hook`
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(app)
 

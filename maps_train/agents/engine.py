@@ -1,7 +1,7 @@
 """What every method's engine shares: per-question bookkeeping, one batched backend call per role per step, one
 batched search per step, and turning a finished question into a `TraceRecord`.
 
-An engine advances a batch of questions together. Each step it builds one `RolePlan` per pending call (for all
+An engine advances a batch of questions together. Each step it builds one `PendingCall` per pending call (for all
 active questions), sends them with ONE `backend.generate`, and parses every completion with the plan's parser,
 which always yields a usable value (counted as a parse failure when it took a fallback). Every request carries
 `agent.sampling` (temperature, top_p, and with a base seed a seed of its own: see `request_seed`), which the
@@ -95,7 +95,7 @@ class QuestionRun:
 
 
 @dataclass
-class RolePlan:
+class PendingCall:
     """One pending model call: who asks, the rendered messages, how to parse the reply."""
 
     run: QuestionRun
@@ -170,7 +170,7 @@ def usage_of(completion: Completion, request: ChatRequest | None = None) -> Call
     )
 
 
-def seen_messages(plan: RolePlan, completion: Completion) -> list[dict[str, str]]:
+def seen_messages(plan: PendingCall, completion: Completion) -> list[dict[str, str]]:
     """The messages the model saw: the plan's, or the smaller ones the backend sent when they did not fit its
     context (so a trace, and the SFT rows made from it, hold what the model answered). A partial assistant turn
     sent raw (the baselines' `RawTurnBackend`) comes back as `fitted_continuation` and is the last message again."""
@@ -218,7 +218,7 @@ class Engine:
             self._digest = config_digest(self.recipe, digests)
         return self._digest
 
-    def request_of(self, plan: RolePlan) -> ChatRequest:
+    def request_of(self, plan: PendingCall) -> ChatRequest:
         """The plan as a request, with `agent.sampling` on it: its temperature and top_p, and (with a base seed)
         a seed of its own derived from the question, the role and how many calls of that role came before."""
         sampling = self.agent.sampling
@@ -241,7 +241,7 @@ class Engine:
             shrink=plan.shrink,
         )
 
-    def call_roles(self, plans: list[RolePlan]) -> list[tuple[RoleCall, Parsed]]:
+    def call_roles(self, plans: list[PendingCall]) -> list[tuple[RoleCall, Parsed]]:
         """All `plans` in ONE backend call; each reply recorded on its question (trace call, cost, failures)."""
         if not plans:
             return []

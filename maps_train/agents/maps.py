@@ -18,18 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from maps_train.agents.engine import Engine, QuestionRun, RolePlan
-from maps_train.agents.evidence import (
-    TRAJECTORY_ORDER,
-    first_sentences,
-    format_passages,
-    format_question,
-    format_state,
-    left_out_note,
-    merge_hits,
-    observations_slot,
-    passages_slot,
-)
+from maps_train.agents.engine import Engine, PendingCall, QuestionRun
 from maps_train.agents.outputs import (
     answer_schema,
     consolidation_schema,
@@ -42,6 +31,17 @@ from maps_train.agents.outputs import (
     parse_query,
     queries_schema,
     query_schema,
+)
+from maps_train.agents.prompt_context import (
+    TRAJECTORY_ORDER,
+    first_sentences,
+    format_passages,
+    format_question,
+    format_state,
+    left_out_note,
+    merge_hits,
+    observations_slot,
+    passages_slot,
 )
 from maps_train.agents.prompting import ShrinkableSlot
 from maps_train.agents.registry import register_method
@@ -135,10 +135,10 @@ class MapsEngine(Engine):
             context["trajectory"] = trajectory_slot(run.history, self.agent.max_passage_words)
         return context
 
-    def _plan(self, run: MapsRun, role: str, prompt: str, parse, json_schema: dict, **fields: object) -> RolePlan:
+    def _plan(self, run: MapsRun, role: str, prompt: str, parse, json_schema: dict, **fields: object) -> PendingCall:
         """One call of `role` for `run`: prompt file `prompt` rendered with the shared context plus `fields`."""
         messages, shrink = self.prompts.render_shrinkable(self._prompt(prompt), **fields, **self._context(run))
-        return RolePlan(run=run, role=role, messages=messages, parse=parse, json_schema=json_schema, shrink=shrink)
+        return PendingCall(run=run, role=role, messages=messages, parse=parse, json_schema=json_schema, shrink=shrink)
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run_batch(self, questions: list[Question]) -> list[TraceRecord]:
@@ -188,7 +188,7 @@ class MapsEngine(Engine):
                 run.current.sub_queries.insert(0, run.question.question)
                 run.current.extra[QUESTION_SEARCHED] = True
 
-    def _writer_plan(self, run: MapsRun, direction: str) -> RolePlan:
+    def _writer_plan(self, run: MapsRun, direction: str) -> PendingCall:
         """The writer's call for one direction; with `agent.hint: gold_titles` (teacher traces only), the direction
         carries the titles of the gold passages its prompt names and no search has found (`records.hints`)."""
         parse = partial(parse_query, direction=direction)

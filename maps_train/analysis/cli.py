@@ -238,7 +238,7 @@ def queries_command(
 
 
 def register(app: typer.Typer) -> None:
-    analyze_app = typer.Typer(help="Search momentum, drift and stop-round analyses.", no_args_is_help=True)
+    analyze_app = typer.Typer(help="Analyses of runs and traces: momentum, drift, stop rounds, credit per role, sub-queries.", no_args_is_help=True)
     app.add_typer(analyze_app, name="analyze")
     analyze_app.command("momentum")(momentum_command)
     analyze_app.command("drift")(drift_command)

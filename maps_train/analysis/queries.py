@@ -18,6 +18,7 @@ retriever. A trace without credit (written before credit was recorded) is counte
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,17 +69,26 @@ def question_search(trace: TraceRecord) -> QuestionSearch | None:
 
 def read_searches(path: str | Path) -> tuple[dict[tuple[str, str], QuestionSearch], int]:
     """(data set, question id) -> the question's searches, for every credited trace with gold under `path`; and how
-    many traces had no credit. A malformed line is an error naming it."""
+    many traces had no credit. A malformed line is an error naming it. A question with several traces (k sampled
+    teacher runs, `sample-0`, `sample-1`, ...) counts once, by its first trace in file order, and a warning says how
+    many were set aside, so no figure mixes one question's samples unsaid."""
     searches: dict[tuple[str, str], QuestionSearch] = {}
-    uncredited = 0
+    uncredited = repeated = 0
     for file in traces_files(path):
         for trace in iter_valid_traces(file):
             if trace.credit is None:
                 uncredited += 1
                 continue
             search = question_search(trace)
-            if search is not None:
-                searches[(trace.dataset, trace.question_id)] = search
+            if search is None:
+                continue
+            if (trace.dataset, trace.question_id) in searches:
+                repeated += 1
+                continue
+            searches[(trace.dataset, trace.question_id)] = search
+    if repeated:
+        print(f"maps-train: warning: {path}: {repeated} more traces of questions already read (several samples a "
+              f"question); each question counts once, by its first trace", file=sys.stderr)
     return searches, uncredited
 
 

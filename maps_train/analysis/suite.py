@@ -24,7 +24,7 @@ from pathlib import Path
 
 from maps_train.analysis.drift import DRIFT_QUESTIONS
 from maps_train.analysis.embed import DEFAULT_ENCODER, TextEncoder
-from maps_train.analysis.evidence import evidence_by_round, write_evidence
+from maps_train.analysis.evidence_by_round import evidence_by_round, write_evidence
 from maps_train.analysis.inputs import sequences_by_method, stop_rounds_by_method
 from maps_train.analysis.momentum import MomentumOptions
 from maps_train.analysis.report import log_to_wandb

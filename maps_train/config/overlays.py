@@ -125,6 +125,12 @@ def read_layered(path: str | Path) -> tuple[dict[str, Any], Sources]:
 def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> T:
     """Read `path` (YAML; with its `base` chain when `cls` has no field of that name), apply dotted overrides, and
     build a checked instance of dataclass `cls`."""
+    return load_config_with_sources(cls, path, overrides)[0]
+
+
+def load_config_with_sources(cls: type[T], path: str | Path | None = None,
+                             overrides: typing.Sequence[str] = ()) -> tuple[T, Sources]:
+    """`load_config`, with where each dotted key was written (`Sources`: `config show --explain` names it)."""
     layered = BASE_KEY not in {f.name for f in dataclasses.fields(cls)}
     if path is None:
         raw, sources = {}, Sources("<defaults>")
@@ -138,4 +144,17 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: typing.
         # A field typed as a dataclass but null in YAML becomes an empty section when overridden into.
         _set_dotted(raw, keys, value)
         sources.record(".".join(keys), value, overridden)
-    return build(cls, raw, "", sources)
+    built = build(cls, raw, "", sources)
+    try:  # so a stage that checks a section later (library_options.check_library_sections) names the file
+        vars(built)[SOURCES_ATTRIBUTE] = sources
+    except TypeError:  # a class with slots: its later errors name the key only
+        pass
+    return built, sources
+
+
+SOURCES_ATTRIBUTE = "_sources"
+
+
+def sources_of(config: Any) -> Sources | None:
+    """Where each key of `config` (built by `load_config`) was written; None for one built in code."""
+    return getattr(config, SOURCES_ATTRIBUTE, None)

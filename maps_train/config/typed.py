@@ -1,6 +1,11 @@
-"""YAML onto dataclasses: every value checked against its field's annotation (`build`), a field's own check
-(`metadata={"check": ...}`, raising `FieldError`), and a dict checked against a library's dataclass
-(`check_dataclass_kwargs`). A mismatch is one `ConfigError` line naming the file and the dotted field."""
+"""YAML onto dataclasses: every value checked against its field's annotation (`build`), then by the field's
+validator (`metadata={"check": ...}`, see `maps_train.config.checks`, raising `FieldError`), and a dict checked
+against a library's dataclass (`check_dataclass_kwargs`). A mismatch is one `ConfigError` line naming the file and
+the dotted field.
+
+The coercion is written here rather than left to pydantic: pydantic's lax mode turns `1` into `True` and `"3"`
+into 3 (typos a recipe load refuses), its strict mode refuses YAML 1.1's `1e-4` (read as a string) for a float,
+and both refuse a number for a str field (a model named `7`): the recipe's rules are one function (`_coerce`)."""
 
 from __future__ import annotations
 
@@ -110,6 +115,15 @@ def _coerce(value: Any, tp: Any, where: str, source: Source) -> Any:
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise fail()
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """`value` checked against annotation `tp` (converted where YAML is looser, as in a recipe); else one
+    ConfigError line `where: expected ..., got ...`."""
+    try:
+        return _coerce(value, tp, where, "")
+    except ConfigError:
+        raise ConfigError(f"{where}: expected {_describe(tp)}, got {value!r}") from None
 
 
 def build(cls: type[T], raw: dict[str, Any], prefix: str, source: Source) -> T:

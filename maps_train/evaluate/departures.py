@@ -19,7 +19,7 @@ from maps_train.config.yaml_io import to_dict
 
 SPEED_ONLY = ("batch_size", "schedule", "concurrency")
 BACKEND_SETTINGS = ("max_model_len", "truncate_prompt", "reasoning_cap", "reasoning_cap_answer_tokens")
-RETRIEVAL_SETTINGS = ("corpus", "kind", "encoder", "index_type", "top_k", "query_prefix", "passage_prefix")
+RETRIEVAL_SETTINGS = ("corpus", "kind", "encoder", "index_type", "query_prefix", "passage_prefix")
 
 
 def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -7,7 +7,9 @@ difference B - A over the resamples as its 95% interval. An interval that exclud
 unlikely to be the draw's; a figure without its interval says nothing.
 
 `paired_rows` pairs two systems' `results.jsonl` rows by (dataset, question_id) on one measure (`MEASURES`), and
-`comparison_table` writes the Markdown table the learning study reports.
+`comparison_table` writes the Markdown table the learning study reports. `transfer` measures how much of a
+teacher's lead over the base a trained system closed, (S - base) / (teacher - base), with the same bootstrap over
+questions (the ratio of means recomputed per resample).
 """
 
 from __future__ import annotations
@@ -143,6 +145,79 @@ def comparison_table(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, 
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """How much of the teacher's lead over the base a trained system closed: (S - base) / (teacher - base), on the
+    means over the questions all three answered."""
+
+    measure: str
+    questions: int
+    mean_base: float
+    mean_teacher: float
+    mean_system: float
+    ratio: float | None  # None: the teacher's mean equals the base's (no gap to close)
+    low: float | None  # the 95% interval over the resamples whose gap is not 0
+    high: float | None
+    undefined: int  # resamples left out because their teacher - base gap was 0
+
+
+def transfer(rows: Sequence[dict[str, Any]], system: str, base: str, teacher: str, measure: str, *,
+             datasets: set[str] | None = None, resamples: int = 10_000, seed: int = 0,
+             level: float = 0.95) -> Transfer | None:
+    """The transfer of `system` (see `Transfer`) with a paired bootstrap interval: the questions are resampled with
+    replacement, each keeping its three values together, and the ratio of means recomputed per resample. A
+    resample whose teacher and base means are equal has no ratio: it is left out and counted (`undefined`); the
+    interval is the percentiles of the others (None when none is left). None when no question has all three."""
+    if measure not in MEASURES:
+        raise MapsTrainError(f"measure: unknown '{measure}' (known: {', '.join(MEASURES)})")
+    rows = list(rows)
+    read = MEASURES[measure][1]
+    found = [_system_values(rows, name, read, datasets) for name in (system, base, teacher)]
+    keys = sorted(set.intersection(*(set(values) for values in found)))
+    if not keys:
+        return None
+    s, b, t = (np.asarray([values[k] for k in keys], dtype=np.float64) for values in found)
+    gap = t.mean() - b.mean()
+    ratio = float((s.mean() - b.mean()) / gap) if gap != 0 else None
+    rng = np.random.default_rng(seed)
+    ratios: list[np.ndarray] = []
+    undefined = 0
+    for start in range(0, resamples, 1000):
+        index = rng.integers(0, len(keys), size=(min(start + 1000, resamples) - start, len(keys)))
+        mb = b[index].mean(axis=1)
+        gaps = t[index].mean(axis=1) - mb
+        defined = gaps != 0
+        undefined += int((~defined).sum())
+        ratios.append((s[index].mean(axis=1)[defined] - mb[defined]) / gaps[defined])
+    kept = np.concatenate(ratios)
+    low = high = None
+    if kept.size:
+        tail = (1.0 - level) / 2 * 100
+        low, high = (float(v) for v in np.percentile(kept, [tail, 100 - tail]))
+    return Transfer(measure, len(keys), float(b.mean()), float(t.mean()), float(s.mean()), ratio, low, high,
+                    undefined)
+
+
+def transfer_table(rows: Sequence[dict[str, Any]], systems: Sequence[str], base: str, teacher: str,
+                   measures: Sequence[str] = ("evidence_recall", "em", "f1"), *, datasets: set[str] | None = None,
+                   resamples: int = 10_000, seed: int = 0) -> str:
+    """A Markdown table: per trained system and measure, the three means (x 100), the transfer and its 95% paired
+    bootstrap interval, and the resamples left out for a zero gap ("-": undefined)."""
+    lines = [f"| system | measure | questions | {base} | {teacher} | system | transfer | 95% interval | "
+             "resamples left out |", "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    for system in systems:
+        for measure in measures:
+            result = transfer(rows, system, base, teacher, measure, datasets=datasets, resamples=resamples, seed=seed)
+            if result is None:
+                continue
+            ratio = "-" if result.ratio is None else f"{result.ratio:+.2f}"
+            interval = "-" if result.low is None else f"[{result.low:+.2f}, {result.high:+.2f}]"
+            lines.append(f"| {system} | {MEASURES[measure][0]} | {result.questions} | "
+                         f"{_figure(measure, result.mean_base)} | {_figure(measure, result.mean_teacher)} | "
+                         f"{_figure(measure, result.mean_system)} | {ratio} | {interval} | {result.undefined} |")
+    return "\n".join(lines)
+
+
 def parse_pair(text: str) -> tuple[str, str]:
     """"A>B" -> (A, B); a one-line error for anything else."""
     parts = [part.strip() for part in text.split(">")]
@@ -161,5 +236,5 @@ def check_systems(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str
                     raise MapsTrainError(f"system '{system}' is in no results read (there: {', '.join(known)})")
 
 
-__all__ = ["MEASURES", "PairedDifference", "check_systems", "compare", "comparison_table", "paired_bootstrap",
-           "paired_rows", "parse_pair"]
+__all__ = ["MEASURES", "PairedDifference", "Transfer", "check_systems", "compare", "comparison_table",
+           "paired_bootstrap", "paired_rows", "parse_pair", "transfer", "transfer_table"]

@@ -3,7 +3,9 @@ per-role routing with LoRA adapters.
 
 Modules: `types` (ChatRequest, Completion), `router` (Router, build_router), `pool` (EnginePool),
 `vllm_backend`, `openai_backend`, `hf_backend` (one backend each; heavy imports happen inside them),
-`common` (route merging, prompt rendering/fitting, thinking split), `cli` (`maps-train chat`).
+`call_spec` (a request merged with its route), `rendering` (prompts as the model sees them), `prompt_fit`
+(fitting and shrinking a prompt to the context), `thinking` (think tags: split, count, decode), `adapter_folders`,
+`vllm_internals` (every access past vLLM's public API), `cli` (`maps-train chat`).
 """
 
 from maps_train.llm.router import Router, build_router

@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from maps_train.llm.common import cut_span, ends_inside_thinking, prompt_opens_thinking, split_thinking
+from maps_train.llm.prompt_fit import cut_span
+from maps_train.llm.thinking import ends_inside_thinking, prompt_opens_thinking, split_thinking
 from maps_train.llm.types import ChatRequest, Completion, PromptShrinker
 from maps_train.recipe import RoleRoute
 
@@ -190,7 +191,7 @@ class ContinuedShrinker:
     continuation past a stop string inside it): the original request's own shrinker first (the agent's: older
     turns before newer ones), then the middle of what was appended, whose last `keep` characters (the
     stop-thinking sentence and `</think>`) always stay. A cut inside the appended text keeps its think blocks as
-    they were (`llm.common.cut_span`)."""
+    they were (`llm.prompt_fit.cut_span`)."""
 
     CHUNK = 32  # characters of the appended text one step leaves out
 
@@ -213,7 +214,7 @@ class ContinuedShrinker:
 
 def cut_middle(text: str, drop: int, keep_tail: int = 0) -> str:
     """`text` without `drop` characters from the middle of its cuttable part (all but the last `keep_tail`), a
-    cut mark in their place that keeps every think block as it was (`llm.common.cut_span`)."""
+    cut mark in their place that keeps every think block as it was (`llm.prompt_fit.cut_span`)."""
     cuttable = len(text) - keep_tail
     drop = min(max(drop, 0), cuttable)
     if drop <= 0:

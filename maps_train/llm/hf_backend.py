@@ -25,19 +25,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import (
-    CallSpec,
-    adapter_dir,
-    adapter_name,
-    call_spec,
-    decode_generated,
-    default_route,
-    first_stop,
-    fit_request,
-    generation_opens_thinking,
-    reasoning_token_count,
-    split_thinking,
-)
+from maps_train.llm.adapter_folders import adapter_dir, adapter_name
+from maps_train.llm.call_spec import CallSpec, call_spec, default_route, first_stop
+from maps_train.llm.prompt_fit import fit_request
+from maps_train.llm.thinking import decode_generated, generation_opens_thinking, reasoning_token_count, split_thinking
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.models.resolve import require_safetensors_adapter
 from maps_train.recipe import BackendConfig, RoleRoute

@@ -8,9 +8,14 @@ base model (found once from `/v1/models`). Each request sends its own `temperatu
 `structured_outputs={"json": schema}`, and for `truncate_prompt: left` the server's `truncate_prompt_tokens`
 (keeps the newest tokens). With `shrink` (the default) and `error`, a prompt is counted here with the route
 model's tokenizer and shrunk to fit before it is sent (`fit_request`); a model with no tokenizer here is sent as
-built (the server refuses a prompt over its context). Timeouts, connection errors, 408/409/429 and 5xx are retried
-by the openai SDK itself (`backend.max_retries`; its backoff: 0.5 s doubling to 8 s with jitter, a server's
-`Retry-After` honoured); then, as on any other refusal, one MapsTrainError line.
+built (the server refuses a prompt over its context).
+
+Requests are streamed, and a request is given up only when it and its server stop making progress
+(`backend.stall_timeout_s`; see `llm.openai_stream`): a long answer on a busy server is not a timeout, and a request
+given up is cancelled, never resent. What fails before a stream starts (connection errors and timeouts, 408/409/429,
+5xx: the server never ran it) is retried by the openai SDK itself (`backend.max_retries`; its backoff: 0.5 s
+doubling to 8 s with jitter, a server's `Retry-After` honoured); then, as on any other refusal, one MapsTrainError
+line.
 
 The API key comes from `backend.api_key`, or when that is empty from `$OPENAI_API_KEY`, so that recipes (which are
 logged and shared) need not hold it.
@@ -38,18 +43,13 @@ import httpx  # here, not in the loop threads: backends built at once by paralle
 
 from maps_train.config.redaction import redact_text
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import (
-    CallSpec,
-    adapter_name,
-    call_spec,
-    default_route,
-    estimated_reasoning_tokens,
-    fit_request,
-    generation_opens_thinking,
-    render_prompt,
-    split_thinking,
-    think_tags_special,
-)
+from maps_train.llm.adapter_folders import adapter_name
+from maps_train.llm.call_spec import CallSpec, call_spec, default_route
+from maps_train.llm.openai_errors import answered, one_line
+from maps_train.llm.openai_stream import ServerProgress, read_stream, split_chat, stop_string, watched
+from maps_train.llm.prompt_fit import fit_request
+from maps_train.llm.rendering import render_prompt
+from maps_train.llm.thinking import generation_opens_thinking, split_thinking, think_tags_special
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, RoleRoute
 
@@ -59,24 +59,6 @@ NO_KEY = "EMPTY"  # what the client sends when no key is set: a vLLM server with
 def api_key(config: BackendConfig) -> str:
     """`backend.api_key`, else `$OPENAI_API_KEY`, else a placeholder (the client refuses an empty key)."""
     return config.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
-
-
-def _transient(status: int) -> bool:
-    """A status the SDK retries (`_should_retry`: timeout, conflict, rate limit, server error)."""
-    return status in (408, 409, 429) or status >= 500
-
-
-def _failed(url: str, what: str, err: Any) -> str:
-    """The line for an error the SDK gave up on. Its attempts are read off the last request it sent (the SDK's
-    own `x-stainless-retry-count` header), not assumed: a `Retry-After` over its cap stops retries early."""
-    attempts = int(err.request.headers.get("x-stainless-retry-count", 0)) + 1
-    return redact_text(f"backend.base_urls: {url} failed {attempts} times ({type(err).__name__}: {_one_line(err)}) "
-                       f"on {what}")
 
 
 class OpenAIBackend:
@@ -110,18 +92,18 @@ class OpenAIBackend:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _make_clients(self):
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, Timeout
 
         self._slots = {u: asyncio.Semaphore(max(1, self.config.concurrency)) for u in self.urls}
         self._up: set[str] = set()  # servers whose /health answered (backend.server_wait_s)
         self._up_lock = asyncio.Lock()
+        check_every_s = min(5.0, max(0.5, self.config.stall_timeout_s / 4))
+        self._progress = {u: ServerProgress(u, check_every_s) for u in self.urls}
+        # No read timeout: a streamed request's wait between tokens is `watched`'s (it knows whether the server works)
+        timeout = Timeout(self.config.request_timeout_s, read=None)
         return {
-            u: AsyncOpenAI(
-                base_url=u,
-                api_key=api_key(self.config),
-                timeout=self.config.request_timeout_s,
-                max_retries=self.config.max_retries,
-            )
+            u: AsyncOpenAI(base_url=u, api_key=api_key(self.config), timeout=timeout,
+                           max_retries=self.config.max_retries)
             for u in self.urls
         }
 
@@ -130,25 +112,6 @@ class OpenAIBackend:
         low = min(self.in_flight[u] for u in self.urls)
         candidates = [u for u in self.urls if self.in_flight[u] == low]
         return candidates[next(self._turn) % len(candidates)]
-
-    async def _request(self, url: str, what: str, call):
-        """`call()` through the SDK, which has retried what may pass on a retry; its final error becomes one
-        MapsTrainError line that says how many attempts the SDK made."""
-        import openai
-
-        try:
-            return await call()
-        except openai.APIConnectionError as err:  # timeouts included (APITimeoutError)
-            raise MapsTrainError(_failed(url, what, err)) from None
-        except openai.NotFoundError as err:
-            raise MapsTrainError(redact_text(f"backend.base_urls: {url} has no model for {what} ({_one_line(err)})")
-                                 ) from None
-        except openai.APIStatusError as err:
-            if _transient(err.status_code):
-                raise MapsTrainError(_failed(url, what, err)) from None
-            raise MapsTrainError(
-                redact_text(f"backend.base_urls: {url} refused {what} (HTTP {err.status_code}: {_one_line(err)})")
-            ) from None
 
     async def _ready(self, url: str) -> None:
         """With `backend.server_wait_s`, the first request to a server waits until its /health answers: a run may
@@ -176,7 +139,8 @@ class OpenAIBackend:
     async def _base_name(self, url: str) -> str:
         """The server's base model id (the model card without a parent adapter)."""
         if url not in self._base_names:
-            page = await self._request(url, "GET /models", lambda: self._clients[url].models.list())
+            models = self._clients[url].models
+            page = await answered(url, "GET /models", lambda: models.list(timeout=self.config.request_timeout_s))
             cards = list(page.data)
             bases = [c.id for c in cards if getattr(c, "parent", None) is None] or [c.id for c in cards]
             if not bases:
@@ -199,7 +163,7 @@ class OpenAIBackend:
                     self._tokenizers[model] = AutoTokenizer.from_pretrained(resolve_model(model))
                 except (OSError, ValueError, MapsTrainError) as err:
                     self._tokenizers[model] = None
-                    self._tokenizer_errors[model] = _one_line(err)
+                    self._tokenizer_errors[model] = one_line(err)
         if self._tokenizers[model] is None:
             raise MapsTrainError(
                 f"roles.{role}.model: '{model}' has no tokenizer here to render its chat template "
@@ -231,7 +195,7 @@ class OpenAIBackend:
             extra.pop(key, None)
         extra["add_special_tokens"] = False
         if think_tags_special(self.tokenizer(spec.route.model, spec.request.role)):
-            extra["skip_special_tokens"] = False  # the server would drop `</think>` (see llm.common.think_tags_special)
+            extra["skip_special_tokens"] = False  # the server would drop `</think>` (see llm.thinking.think_tags_special)
         return {"prompt": prompt, **body}
 
     def body(self, spec: CallSpec) -> dict[str, Any]:
@@ -289,7 +253,9 @@ class OpenAIBackend:
                 model = served_name or await self._base_name(url)
                 start = time.perf_counter()
                 what = f"role '{spec.request.role}' (model={model})"
-                resp = await self._request(url, what, self._sender(url, model, spec, prompt))
+                consume = self._consumer(url, model, spec, prompt)
+                resp = await answered(
+                    url, what, lambda: watched(consume, self._progress[url], self.config.stall_timeout_s))
                 latency = time.perf_counter() - start
         finally:
             self.in_flight[url] -= 1
@@ -300,7 +266,7 @@ class OpenAIBackend:
         if raw:
             text, reasoning, reasoning_tokens = self._split_raw(spec, prompt or "", choice.text or "")
         else:
-            text, reasoning, reasoning_tokens = _split_chat(spec, prompt, choice.message, usage)
+            text, reasoning, reasoning_tokens = split_chat(spec, prompt, choice.message, usage)
         return Completion(
             text=text,
             reasoning=reasoning,
@@ -312,21 +278,29 @@ class OpenAIBackend:
             model=resp.model or model,
             adapter=served_name,
             finish_reason=choice.finish_reason,
-            stop_string=_stop_string(choice),
+            stop_string=stop_string(choice),
             role=spec.request.role,
             constrained=spec.json_schema is not None,
             **spec.sampling_used(),
             **fitting,
         )
 
-    def _sender(self, url: str, model: str, spec: CallSpec, prompt: str | None):
-        """The call to retry: `/v1/completions` for a raw continuation, `/v1/chat/completions` otherwise."""
+    def _consumer(self, url: str, model: str, spec: CallSpec, prompt: str | None):
+        """The streamed call (`/v1/completions` for a raw continuation, `/v1/chat/completions` otherwise) and the
+        reading of its chunks, as one coroutine function of the chunk callback (see `openai_stream.watched`)."""
         client = self._clients[url]
+        streamed = {"stream": True, "stream_options": {"include_usage": True}}
         if spec.request.raw_continuation is not None:
             body = self.completion_body(spec, prompt or "")
-            return lambda: client.completions.create(model=model, **body)
-        body = self.body(spec)
-        return lambda: client.chat.completions.create(model=model, **body)
+            create = lambda: client.completions.create(model=model, **body, **streamed)  # noqa: E731
+        else:
+            body = self.body(spec)
+            create = lambda: client.chat.completions.create(model=model, **body, **streamed)  # noqa: E731
+
+        async def consume(seen):
+            return await read_stream(await create(), seen)
+
+        return consume
 
     def _split_raw(self, spec: CallSpec, prompt: str, generated: str) -> tuple[str, str | None, int]:
         """A completion of a raw continuation: split here (the completions API does not), tokens counted with
@@ -385,24 +359,3 @@ class OpenAIBackend:
         if not self._thread.is_alive():
             self._loop.close()
 
-
-def _split_chat(spec: CallSpec, prompt: str | None, message: Any, usage: Any) -> tuple[str, str | None, int]:
-    """(answer, reasoning, reasoning tokens) of a chat reply. A server with a reasoning parser split it already
-    and counted the tokens (it reports `completion_tokens_details`); otherwise split the content here."""
-    content = message.content or ""
-    server_reasoning = getattr(message, "reasoning", None) or getattr(message, "reasoning_content", None)
-    details = getattr(usage, "completion_tokens_details", None) if usage else None
-    counted = getattr(details, "reasoning_tokens", None) if details is not None else None
-    if counted is not None or server_reasoning:
-        text, reasoning = split_thinking(content)  # a reply with tags left in it (a parser that kept them)
-        return text, server_reasoning or reasoning, int(counted or 0)
-    opened = prompt is not None and generation_opens_thinking(prompt, spec)
-    text, reasoning = split_thinking(content, opened)
-    total = usage.completion_tokens if usage else 0
-    return text, reasoning, estimated_reasoning_tokens(total, text, reasoning)
-
-
-def _stop_string(choice: Any) -> str | None:
-    """The stop string that ended a choice: vLLM's server says it (`stop_reason`, an int for a stop token)."""
-    reason = getattr(choice, "stop_reason", None)
-    return reason if isinstance(reason, str) else None

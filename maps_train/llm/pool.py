@@ -11,7 +11,11 @@ Placement, as `maps-train plan` lays it out (`place`): a vLLM engine on GPUs wit
 on GPUs 0-3, then a student on GPU 4 beside it), else the lowest-numbered ones with room; it is started with
 CUDA_VISIBLE_DEVICES naming them (`visible_gpus`). Where the GPU count is unknown (`gpus` not given and torch sees
 none) it takes GPUs 0..tp-1. An engine on CPUs (hf, vLLM-CPU) or an openai client takes no GPU share.
-The rule: no GPU holds more than 1.0 of its memory. Before a lease's new engines are counted in, idle engines (no
+The rule: no GPU holds more than 1.0 of its memory, each engine counted at its footprint (`engine_footprint`):
+its gpu_memory_utilization plus its process's CUDA context, which lies outside that share. vLLM starts an engine
+only where the GPU's free memory, read after the engine's own CUDA context is up, is at least utilization x total
+(`request_memory` in vllm/v1/worker/utils.py), so two engines at 0.45 + 0.55 on one GPU do not both start: the
+second finds 0.55 x total less two contexts free. Before a lease's new engines are counted in, idle engines (no
 lease holds them: their systems' runs are done) that sit on an over-full GPU are closed, least recently used first
 (a system run again later starts its engine again); if the engines still leased would not leave room, the lease
 waits until running systems release theirs. An engine is never closed while a lease holds it, and an engine with
@@ -37,14 +41,29 @@ from maps_train.recipe import BackendConfig, Recipe, RoleRoute
 
 GpuShare = dict[int, float]  # GPU index -> fraction of its memory an engine takes
 EngineFactory = Callable[[str, str, list[RoleRoute], BackendConfig], Any]  # make_backend's signature
-FULL = 1.0 + 1e-9  # shares are sums of recipe floats (0.45 + 0.55): no rounding may refuse an exact fit
+FULL = 1.0 + 1e-9  # shares are sums of recipe floats: no rounding may refuse an exact fit
+# What one vLLM engine holds on each of its GPUs outside its gpu_memory_utilization share: the CUDA context of its
+# worker process (PyTorch's context with CUDA's lazy module loading, cuBLAS handles, NCCL's communicator), which is
+# up before vLLM reads the free memory it checks against utilization x total (`Worker.init_device` takes that
+# `MemorySnapshot` after NCCL; vllm/v1/worker/gpu_worker.py). An estimate, rounded up: vLLM states no figure;
+# users report a second engine refused on the first one's context (vllm-project/vllm#19125, #14376).
+# bench/gpu_day_one.py measures a torch process's context on the GPU ("CUDA context" row).
+ENGINE_CONTEXT_BYTES = 1.0e9
+DEFAULT_GPU_BYTES = 80e9  # the recipes' hardware.gpu_memory_gb where no GPU says otherwise
 
 
-def gpu_share(kind: str, config: BackendConfig, on_gpu: bool) -> GpuShare:
-    """What an engine takes of each GPU: vLLM on GPUs takes gpu_memory_utilization of GPUs 0..tp-1."""
+def engine_footprint(utilization: float, gpu_bytes: float) -> float:
+    """The fraction of a GPU of `gpu_bytes` one vLLM engine holds: its share plus its CUDA context."""
+    return utilization + ENGINE_CONTEXT_BYTES / gpu_bytes
+
+
+def gpu_share(kind: str, config: BackendConfig, on_gpu: bool, gpu_bytes: float = DEFAULT_GPU_BYTES) -> GpuShare:
+    """What an engine takes of each GPU: vLLM on GPUs takes gpu_memory_utilization of GPUs 0..tp-1, plus its CUDA
+    context (`engine_footprint`)."""
     if kind != "vllm" or not on_gpu:
         return {}
-    return {gpu: config.gpu_memory_utilization for gpu in range(config.tensor_parallel_size)}
+    footprint = engine_footprint(config.gpu_memory_utilization, gpu_bytes)
+    return {gpu: footprint for gpu in range(config.tensor_parallel_size)}
 
 
 def place(tp: int, fraction: float, shares: list[GpuShare], gpus: int) -> GpuShare | None:
@@ -89,6 +108,13 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def visible_gpu_bytes() -> float | None:
+    """The memory of the first visible GPU (torch's figure); None without CUDA."""
+    import torch
+
+    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.device_count() else None
+
+
 @dataclass
 class _Slot:
     """One engine of the pool: reserved by the first lease that names it, started on first use."""
@@ -101,13 +127,16 @@ class _Slot:
 
 class EnginePool:
     def __init__(self, factory: EngineFactory = make_backend, on_gpu: bool | None = None,
-                 gpus: int | None = None) -> None:
+                 gpus: int | None = None, gpu_bytes: float | None = None) -> None:
         """`factory(kind, model, routes_sharing_it, backend_config)` starts an engine (under `visible_gpus` of its
         placement). `on_gpu`: whether vLLM engines run on GPUs; None asks the installed vLLM when the first vLLM
-        engine is leased. `gpus`: how many there are to place engines on; None asks torch then."""
+        engine is leased. `gpus`: how many there are to place engines on; None asks torch then. `gpu_bytes`: each
+        GPU's memory, which sets the CUDA context's fraction (`engine_footprint`); None asks torch, else takes the
+        recipe's hardware.gpu_memory_gb."""
         self._factory = factory
         self._on_gpu = on_gpu
         self._gpus = gpus
+        self._gpu_bytes = gpu_bytes
         self._slots: dict[tuple, _Slot] = {}
         self._changed = threading.Condition()  # held while the slots change; notified when a lease lets go
         self._releases = 0
@@ -120,6 +149,8 @@ class EnginePool:
             self._on_gpu = not vllm_on_cpu()
         if self._on_gpu and self._gpus is None:
             self._gpus = visible_gpu_count()
+        if self._on_gpu and self._gpu_bytes is None and self._gpus:
+            self._gpu_bytes = visible_gpu_bytes()
         return self._on_gpu
 
     def _placed(self, wanted: dict[str, tuple[tuple, GpuShare, str]],
@@ -152,7 +183,9 @@ class EnginePool:
             model = "" if kind == "openai" else routes[0].model  # one client for every model behind the servers
             # Thinking is in the key: a vLLM engine's reasoning parser is fixed when it starts (see vllm_backend).
             pool_key = (kind, model, adapters, settings, any_thinking(routes))
-            share = gpu_share(kind, recipe.backend, kind == "vllm" and self._gpus_in_use())
+            on_gpu = kind == "vllm" and self._gpus_in_use()
+            gpu_bytes = self._gpu_bytes or recipe.hardware.gpu_memory_gb * 1e9
+            share = gpu_share(kind, recipe.backend, on_gpu, gpu_bytes)
             wanted[key] = (pool_key, share, key)
         return wanted
 
@@ -194,9 +227,13 @@ class EnginePool:
         if placed is None or _over_full(kept + [placed[key] for key in mine if key not in self._slots]):
             if any(slot.leases for slot in self._slots.values()):
                 return None
-            labels = ", ".join(f"{label} at {_placement(share)}" for _, share, label in wanted.values() if share)
+            utilization = recipe_utilization(wanted)
+            labels = ", ".join(f"{label} at {_placement(share, utilization)}" for _, share, label in wanted.values()
+                               if share)
             raise MapsTrainError(
-                f"engine pool: system '{name}': its engines ({labels}) do not fit on the GPUs even alone; lower "
+                f"engine pool: system '{name}': its engines ({labels}) do not fit on the GPUs even alone: vLLM starts "
+                f"an engine only where the free memory is at least its gpu_memory_utilization x the GPU's, and each "
+                f"engine's CUDA context ({ENGINE_CONTEXT_BYTES / 1e9:g} GB) lies outside that share; lower "
                 f"backend.gpu_memory_utilization (maps-train plan shows the placement)")
         idle = sorted(((slot.last_released, key) for key, slot in self._slots.items()
                        if not slot.leases and key not in mine and slot.share), key=lambda item: item[0])
@@ -255,8 +292,14 @@ def _over_full(shares: list[GpuShare]) -> set[int]:
     return {gpu for gpu, total in used.items() if total > FULL}
 
 
-def _placement(share: GpuShare) -> str:
-    """"0.85 of GPUs 0-3": what an engine takes, for a message."""
+def recipe_utilization(wanted: dict[str, tuple[tuple, GpuShare, str]]) -> float | None:
+    """The gpu_memory_utilization the lease's engines were sized with (one backend a recipe), for a message."""
+    settings = next((pool_key[3] for pool_key, share, _ in wanted.values() if share), None)
+    return json.loads(settings).get("gpu_memory_utilization") if settings else None
+
+
+def _placement(share: GpuShare, utilization: float | None = None) -> str:
+    """"0.85 of GPU 0": what an engine takes (its gpu_memory_utilization where given, else its footprint)."""
     gpus = sorted(share)
     where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
-    return f"{share[gpus[0]]:g} of {where}"
+    return f"{utilization if utilization is not None else share[gpus[0]]:g} of {where}"

@@ -18,16 +18,28 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.adapter_folders import adapter_dir
 from maps_train.llm.budget import ReasoningCap
-from maps_train.llm.common import adapter_dir
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, Recipe, RoleRoute, route_for
 
 BackendFactory = Callable[[str, str, list[RoleRoute]], Any]
-CONCURRENT_KINDS = ("vllm", "openai")  # backends whose generate() may be called from many threads at once
+CONCURRENT_KINDS = ("vllm", "openai", "annotation")  # backends whose generate() may be called from many threads at once
+KINDS = ("vllm", "openai", "hf", "annotation")
+
+
+def annotation_refusal(recipe: Recipe, where: str = "by this command") -> str | None:
+    """The one line refusing a recipe whose routes play a role from the gold annotations (`backend: annotation`),
+    which only the traces stage may run; None when no route does."""
+    for role, route in recipe.roles.items():
+        if route.backend == "annotation":
+            return (f"roles.{role}.backend: annotation reads the gold annotations: it writes teacher traces "
+                    f"(maps-train traces) and is refused {where}")
+    return None
 
 
 def engine_key(route: RoleRoute) -> str:
@@ -115,8 +127,15 @@ def any_thinking(routes: list[RoleRoute]) -> bool:
     return any(r.enable_thinking for r in routes)
 
 
-def make_backend(kind: str, model: str, routes: list[RoleRoute], config: BackendConfig) -> Any:
-    """Build one engine/client for every route that shares it."""
+def make_backend(kind: str, model: str, routes: list[RoleRoute], config: BackendConfig, annotations: Any = None,
+                 fallback: Callable[[RoleRoute], Any] | None = None, prompts_dir: str | None = None) -> Any:
+    """Build one engine/client for every route that shares it. `annotations` (`maps_train.teachers.Annotations`,
+    given by the traces stage alone) build the annotation backend, `fallback` serving the calls it cannot play."""
+    if kind == "annotation":
+        if annotations is None:
+            raise MapsTrainError("roles: backend 'annotation' reads the gold annotations: only maps-train traces "
+                                 "builds it")
+        return annotations.backend(fallback=fallback, prompts_dir=prompts_dir)
     if kind == "hf":
         from maps_train.llm.hf_backend import HFBackend
 
@@ -130,14 +149,30 @@ def make_backend(kind: str, model: str, routes: list[RoleRoute], config: Backend
         from maps_train.llm.openai_backend import OpenAIBackend
 
         return OpenAIBackend(config)
-    raise MapsTrainError(f"roles: unknown backend '{kind}' (vllm, openai, hf)")
+    raise MapsTrainError(f"roles: unknown backend '{kind}' ({', '.join(KINDS)})")
 
 
-def build_router(recipe: Recipe) -> Router:
-    """A lazy router over the recipe's routes: adapter folders are checked now, engines start on first use."""
+def build_router(recipe: Recipe, annotations: Any = None) -> Router:
+    """A lazy router over the recipe's routes: adapter folders are checked now, engines start on first use.
+
+    `annotations`: the questions' gold annotations (`maps_train.teachers.Annotations`), which only the traces stage
+    passes; without them a route with `backend: annotation` is refused in one line. Its calls that the annotation
+    cannot play go to the route's model, served as `backend: vllm` would serve it, sharing the engine of any route
+    of that model."""
     for role, route in recipe.roles.items():
-        if route.backend not in ("vllm", "openai", "hf"):
-            raise MapsTrainError(f"roles.{role}.backend: unknown backend '{route.backend}' (vllm, openai, hf)")
+        if route.backend not in KINDS:
+            raise MapsTrainError(f"roles.{role}.backend: unknown backend '{route.backend}' ({', '.join(KINDS)})")
         if route.adapter and route.backend in ("vllm", "hf"):
             adapter_dir(route.adapter, role)
-    return Router(recipe, factory=lambda kind, model, routes: make_backend(kind, model, routes, recipe.backend))
+    refusal = annotation_refusal(recipe, "outside maps-train traces") if annotations is None else None
+    if refusal:
+        raise MapsTrainError(refusal)
+
+    def fallback(route: RoleRoute) -> Any:
+        return router.backend(replace(route, backend="vllm"))
+
+    def factory(kind: str, model: str, routes: list[RoleRoute]) -> Any:
+        return make_backend(kind, model, routes, recipe.backend, annotations, fallback, recipe.agent.prompts_dir)
+
+    router = Router(recipe, factory=factory)
+    return router

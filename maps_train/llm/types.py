@@ -11,7 +11,7 @@ class PromptShrinker(Protocol):
     """Smaller versions of one request's prompt, for a backend whose context it does not fit: step 0 is the
     request as built, each further step drops one more of the pieces least needed (the oldest observation, the
     lowest-ranked passage, ...), so tokens never grow with the step. The backend, which owns the tokenizer, picks
-    the smallest step that fits (see `maps_train.llm.common.fit_request`)."""
+    the smallest step that fits (see `maps_train.llm.prompt_fit.fit_request`)."""
 
     steps: int  # the largest step
 

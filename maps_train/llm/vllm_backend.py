@@ -28,13 +28,10 @@ import threading
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import (
-    CallSpec,
-    adapter_dir,
-    adapter_name,
-    call_spec,
-    default_route,
-    fit_request,
+from maps_train.llm.adapter_folders import adapter_dir, adapter_name
+from maps_train.llm.call_spec import CallSpec, call_spec, default_route
+from maps_train.llm.prompt_fit import fit_request
+from maps_train.llm.thinking import (
     generation_opens_thinking,
     model_can_think,
     prompt_closes_thinking,
@@ -44,12 +41,12 @@ from maps_train.llm.common import (
     think_tags_special,
 )
 from maps_train.llm.types import ChatRequest, Completion
+from maps_train.llm.vllm_internals import shutdown_engine, vllm_kernel_scan_guard
 from maps_train.platform import (
     apply_runtime_defaults,
     cpu_scheduler_kwargs,
     lora_slots,
     vllm_dtype,
-    vllm_kernel_scan_guard,
     vllm_on_cpu,
 )
 from maps_train.recipe import BackendConfig, RoleRoute
@@ -124,7 +121,7 @@ class VLLMBackend:
         else:
             from vllm import LLM
 
-            with vllm_kernel_scan_guard():  # the core may run in this process (maps_train.platform)
+            with vllm_kernel_scan_guard():  # the core may run in this process (llm.vllm_internals)
                 engine = LLM(**kwargs)
         self._tokenizer = engine.get_tokenizer()
         self._started_with_parser = bool(kwargs.get("reasoning_parser"))
@@ -299,12 +296,6 @@ class VLLMBackend:
         if self._loop is not None:
             self._loop.close()
         llm, self._llm, self._tokenizer, self._loop = self._llm, None, None, None
-        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)  # the client of the worker process
-        shutdown = getattr(core, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except Exception:  # noqa: BLE001, S110 - best effort: the engine may already be gone
-                pass
+        shutdown_engine(llm)
         del llm
         gc.collect()

@@ -14,12 +14,15 @@ op call per output slice of every projection (qkv has three, gate_up two): it do
 matmul and its expand in one a slice, which cuts the per-call overhead that bounded small decode batches.
 
 `register()` (entry point `vllm.general_plugins` -> `maps_train`, which vLLM calls in every engine-core and
-worker process, for `maps-train serve` and the in-process engine alike) swaps those six ops in the CPU punica
+worker process of the environment) acts only in maps-train's own processes: those with `MAPS_TRAIN_VLLM_CPU_LORA`
+set, as `platform.apply_runtime_defaults` sets it for `maps-train serve`, the in-process engine and every entry
+point, and as vLLM's processes inherit it; any other vLLM process loads the plugin and changes nothing. It swaps
+those six ops in the CPU punica
 wrapper for the grouped ones below, and its `add_lora_linear` for the fused one, on the CPU platform only. They
 keep vLLM's signatures and results, with one difference: a row whose index is -1 (no adapter) gets a zero LoRA
 term, where the reference reads the last slot (harmless only while that slot stays empty, see
 `platform.lora_slots`).
-`MAPS_TRAIN_VLLM_CPU_LORA=reference` keeps vLLM's own ops and method (to compare, or if a vLLM release changes
+`MAPS_TRAIN_VLLM_CPU_LORA=grouped` (the default maps-train sets) installs both; `=reference` keeps vLLM's own ops and method (to compare, or if a vLLM release changes
 them); `=ops` installs the grouped ops under vLLM's own method.
 """
 
@@ -29,6 +32,8 @@ import logging
 import os
 
 import torch
+
+from maps_train.llm import vllm_internals
 
 log = logging.getLogger(__name__)
 OPS = ("bgmv_expand", "bgmv_expand_slice", "bgmv_shrink", "sgmv_expand", "sgmv_expand_slice", "sgmv_shrink")
@@ -242,9 +247,8 @@ def install() -> bool:
     choice = os.environ.get(SWITCH, "grouped").strip().lower()
     if choice == "reference":
         return False
-    try:
-        from vllm.lora.punica_wrapper import punica_cpu
-    except ImportError:  # a vLLM without the CPU LoRA path
+    punica_cpu = vllm_internals.cpu_punica()
+    if punica_cpu is None:  # a vLLM without the CPU LoRA path
         return False
     missing = [name for name in OPS if not hasattr(punica_cpu, name)]
     wrapper = getattr(punica_cpu, "PunicaWrapperCPU", None)
@@ -253,18 +257,20 @@ def install() -> bool:
     if missing:
         log.warning("maps-train: vLLM's CPU LoRA ops changed (%s missing); keeping vLLM's own", ", ".join(missing))
         return False
-    for name in OPS:
-        setattr(punica_cpu, name, globals()[name])
-    if wrapper.add_lora_linear is not add_lora_linear:
-        VLLM_OWN.setdefault("add_lora_linear", wrapper.add_lora_linear)
-    if choice != "ops":  # `ops`: the grouped ops under vLLM's own wrapper method (to measure what fusing gains)
-        wrapper.add_lora_linear = add_lora_linear
+    # `ops`: the grouped ops under vLLM's own wrapper method (to measure what fusing gains)
+    before = vllm_internals.patch_cpu_punica({name: globals()[name] for name in OPS},
+                                             None if choice == "ops" else add_lora_linear)
+    if before is not add_lora_linear:
+        VLLM_OWN.setdefault("add_lora_linear", before)
     return True
 
 
 def register() -> None:
-    """vLLM general plugin: on the CPU platform, use the grouped LoRA ops (loaded once per vLLM process)."""
+    """vLLM general plugin: in a maps-train process (`SWITCH` set) on the CPU platform, use the grouped LoRA ops
+    (loaded once per vLLM process); in any other vLLM process, nothing."""
     from maps_train.platform import vllm_on_cpu
 
+    if SWITCH not in os.environ:
+        return
     if vllm_on_cpu() and install():
         log.info("maps-train: grouped LoRA matmuls installed in vLLM's CPU punica wrapper")

@@ -3,7 +3,7 @@
 `LLM.generate` adds a list of prompts and steps the engine until every one of them is done: a caller that
 submits while another waits must wait for the whole first list. `EngineLoop` keeps the engine running instead:
 any thread may `submit` prompts at any time (vLLM's public `LLM.enqueue`), the loop thread steps the engine
-(`LLMEngine.step`) while it has unfinished requests, and each request's future is resolved the step it
+(`LLMEngine.step`, reached through `llm.vllm_internals`) while it has unfinished requests, and each request's future is resolved the step it
 finishes. New requests join the running batch at the next step (vLLM's continuous batching), so an agent
 question whose proposer just returned sends its writers while other questions are still decoding.
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.vllm_internals import llm_engine, output_request_id
 
 _STOP = object()
 
@@ -79,7 +80,7 @@ class EngineLoop:
     # -- the loop thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        engine = self.llm.llm_engine
+        engine = llm_engine(self.llm)
         try:
             while True:
                 busy = engine.has_unfinished_requests()
@@ -121,9 +122,7 @@ class EngineLoop:
                     future.set_exception(err)
                 continue
             for request_id, future in zip(ids, job.futures):
-                # `enqueue` returns vLLM's internal ids ("<n>-<8 random characters>"); outputs carry the
-                # external one (`LLM`'s counter, digits only), which is what is waited on.
-                self._waiting[request_id.rsplit("-", 1)[0]] = (future, job.submitted)
+                self._waiting[output_request_id(request_id)] = (future, job.submitted)
 
     def _fail_all(self, err: BaseException) -> None:
         for future, _ in self._waiting.values():

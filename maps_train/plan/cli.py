@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import typer
@@ -36,11 +35,16 @@ def register(app: typer.Typer) -> None:
             sys.exit(2)
 
 
+MAX_GIGABYTES = 1e9  # 10^18 bytes: far past any machine, and within what the plan's byte counts hold
+
+
 def check_machine_options(gpus: int | None, gpu_memory_gb: float | None, memory_gb: float | None) -> None:
     """The machine given on the command line, checked as numbers (as `hardware:` is when a recipe loads): a count
-    of GPUs is an integer >= 0, a memory size a finite number > 0; anything else is one line naming the flag."""
+    of GPUs is an integer >= 0, a memory size a number > 0 and at most MAX_GIGABYTES (a size past it, such as
+    1e308, overflowed the plan's integer byte counts); anything else is one line naming the flag."""
     if gpus is not None and gpus < 0:
         raise MapsTrainError(f"--gpus: must be an integer >= 0, got {gpus}")
     for flag, value in (("--gpu-memory-gb", gpu_memory_gb), ("--memory-gb", memory_gb)):
-        if value is not None and not 0 < value < math.inf:
-            raise MapsTrainError(f"{flag}: must be a finite number of gigabytes > 0, got {value}")
+        if value is not None and not 0 < value <= MAX_GIGABYTES:
+            raise MapsTrainError(f"{flag}: must be a number of gigabytes > 0 and at most {MAX_GIGABYTES:,.0f}, "
+                                 f"got {value}")

@@ -3,7 +3,9 @@
 
 Engines are grouped as the router groups them (`llm.router.engine_key`: one engine per model, with every adapter
 of the routes that share it). A vLLM engine of tensor parallel size tp takes gpu_memory_utilization of each of
-its GPUs, placed as the engine pool places it (`llm.pool.place`: free GPUs first), else on GPUs 0..tp-1.
+its GPUs plus its CUDA context (`llm.pool.ENGINE_CONTEXT_BYTES`, outside that share: vLLM refuses to start where
+the free memory is under utilization x total), placed as the engine pool places it (`llm.pool.place`: free GPUs
+first), else on GPUs 0..tp-1.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from maps_train.llm.pool import place
+from maps_train.llm.pool import ENGINE_CONTEXT_BYTES, engine_footprint, place
 from maps_train.llm.router import engine_key
 from maps_train.plan import memory
 from maps_train.plan.index import index_load
@@ -87,9 +89,16 @@ def engine_rows(stage: str, engine: EngineSpec, hardware: HardwareConfig,
                    f"{backend.max_model_len}-token sequence), {gb(mem.needed - budget)} over its "
                    f"{gb(budget)} (gpu_memory_utilization {backend.gpu_memory_utilization:g} x "
                    f"{hardware.gpu_memory_gb:g} GB); {fix}")
-    where = place(tp, backend.gpu_memory_utilization, beside or [], hardware.gpus) if tp <= hardware.gpus else None
+    elif budget + ENGINE_CONTEXT_BYTES > hardware.gpu_memory_gb * GB:
+        problem = (f"{stage}: {process} at gpu_memory_utilization {backend.gpu_memory_utilization:g} x "
+                   f"{hardware.gpu_memory_gb:g} GB leaves no room for its CUDA context "
+                   f"({gb(ENGINE_CONTEXT_BYTES)}, outside that share): vLLM refuses to start where the free memory "
+                   f"is under utilization x total; lower backend.gpu_memory_utilization to at most "
+                   f"{1 - ENGINE_CONTEXT_BYTES / (hardware.gpu_memory_gb * GB):.2f}")
+    footprint = engine_footprint(backend.gpu_memory_utilization, hardware.gpu_memory_gb * GB)
+    where = place(tp, footprint, beside or [], hardware.gpus) if tp <= hardware.gpus else None
     gpus = sorted(where) if where else list(range(min(tp, hardware.gpus)))
-    taken = {gpu: budget for gpu in gpus}
+    taken = {gpu: budget + ENGINE_CONTEXT_BYTES for gpu in gpus}  # its share and its CUDA context
     contiguous = gpus == list(range(gpus[0], gpus[0] + tp))
     label = gpu_range(gpus[0], tp) if contiguous else "GPU " + ",".join(map(str, gpus))
     return [Row(stage, process, label, mem.needed, budget, note, problem)], taken
@@ -146,8 +155,9 @@ def agent_stage(stage: str, recipes: list[Recipe], hardware: HardwareConfig, ind
             holds = f"holds {gb(used)}" if count == 1 else f"hold {gb(used)} each"
             index = f"the index split over {hardware.gpus} GPUs, " if load is not None and load.gpu_each else ""
             problem = (f"{stage}: {gpu_range(first, count)} {holds} (engines at their "
-                       f"gpu_memory_utilization, {index}the encoder on GPU 0), "
-                       f"{gb(used - capacity)} over {hardware.gpu_memory_gb:g} GB; lower "
+                       f"gpu_memory_utilization with {gb(ENGINE_CONTEXT_BYTES)} of CUDA context each outside it, "
+                       f"{index}the encoder on GPU 0), {gb(used - capacity)} over {hardware.gpu_memory_gb:g} GB: vLLM "
+                       f"refuses to start an engine where the free memory is under utilization x total; lower "
                        f"backend.gpu_memory_utilization or search through `maps-train retrieve serve` elsewhere "
                        f"(retrieval.service_url)")
         rows.append(Row(stage, "all of the above, summed", gpu_range(first, count), used, capacity, "", problem))
@@ -164,6 +174,7 @@ def serve_rows(recipe: Recipe, hardware: HardwareConfig) -> list[Row]:
     engine = EngineSpec(size.base_model, size.adapters, backend, recipe.agent.concurrency or recipe.agent.batch_size)
     rows, _ = engine_rows("serve", engine, hardware, "serve.tensor_parallel_size")
     if recipe.serve.gpu_memory_utilization and rows[0].problem:
-        rows[0].problem = rows[0].problem.replace("raise backend.gpu_memory_utilization",
-                                                  "raise serve.gpu_memory_utilization")
+        for verb in ("raise", "lower"):
+            rows[0].problem = rows[0].problem.replace(f"{verb} backend.gpu_memory_utilization",
+                                                      f"{verb} serve.gpu_memory_utilization")
     return rows

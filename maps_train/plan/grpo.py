@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from maps_train.adapters import rl_source_set
 from maps_train.library_options import GRPOOptions, LoraOptions
 from maps_train.plan import memory
 from maps_train.plan.engines import EngineSpec, cpu_engine_row, engine_rows, engines_of_routes
@@ -25,7 +26,8 @@ from maps_train.plan.rows import Row, gb, host_row
 from maps_train.plan.shapes import ModelShape, model_shape
 from maps_train.plan.training import StepSettings, change_that_fits
 from maps_train.recipe import HardwareConfig, Recipe
-from maps_train.rl.environment import environment_recipe, with_rl_adapter
+from maps_train.rl.environment import environment_recipe
+from maps_train.rl.layout import with_rl_adapter
 from maps_train.rl.rollout import policy_routes, trained_trace_roles
 
 
@@ -70,11 +72,12 @@ def environment_engines(recipe: Recipe) -> list[EngineSpec]:
     (`policy_routes`). Roles train one after another, each closing its engines before the next: the role whose
     environment has the most engines, then the most LoRA slots, is planned."""
     concurrency = recipe.agent.concurrency or recipe.agent.batch_size
-    environment, each_role = environment_recipe(recipe), []
+    adapters, each_role = rl_source_set(recipe), []
     for role in recipe.rl.roles:
-        routes = policy_routes(environment, trained_trace_roles(environment, role), "planned")
+        environment, trained = environment_recipe(recipe, adapters), trained_trace_roles(recipe, role, adapters)
+        routes = policy_routes(environment, trained, "planned")
         each_role.append(engines_of_routes(routes, environment.backend, concurrency))
-        environment = with_rl_adapter(environment, role)
+        adapters = with_rl_adapter(adapters, recipe, role, trained)
     return max(each_role, key=lambda engines: (len(engines), sum(e.adapters for e in engines)), default=[])
 
 

@@ -1,7 +1,7 @@
 """The plan of the one stage a command runs, checked before that command starts any engine or rank.
 
-`maps-train traces`, `train`, `serve`, `eval` and `rl` each declare `--no-plan` (`no_plan_option`) and call
-`preflight` first in their body. The check uses the hardware the recipe states (`hardware:`, the user's own
+`maps-train traces`, `train`, `serve`, `eval` and `rl` each declare `--no-plan` and call `preflight` first in
+their body, through `maps_train.preflight_hook` (they sit below this package), where `maps_train.cli` installs it. The check uses the hardware the recipe states (`hardware:`, the user's own
 statement), so a refusal says how to state another machine or skip the check; where nvidia-smi shows fewer or
 smaller GPUs than stated, one warning line says so (`machine_warnings`). A model or corpus whose size is not at
 hand (not cached here, not shipped) never blocks: the run may be on a machine that has it, so one warning line and
@@ -129,12 +129,6 @@ def check_stage(stage: str, path: str, overrides: list[str], *, accelerate_confi
     machine = f"{hw.gpus} x {hw.gpu_memory_gb:g} GB GPU" if hw.gpus else f"CPUs only, {hw.memory_gb:g} GB host"
     raise MapsTrainError(f"{stage}: refused before anything started: {len(plan.problems)} problem(s) on the stated "
                          f"hardware ({machine}); {_how_to_override(stage)}")
-
-
-def no_plan_option() -> Any:
-    """The `--no-plan` option of every command that runs `preflight`."""
-    return typer.Option(False, "--no-plan", help="Skip the memory plan checked before anything starts (also "
-                        "MAPS_TRAIN_NO_PLAN=1), e.g. on hardware other than the recipe's hardware:.")
 
 
 def preflight(stage: str, path: str, overrides: list[str] | None, *, skip: bool,

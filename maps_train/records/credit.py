@@ -23,7 +23,8 @@ FlashRAG-normalised title and text), each call can be credited on its own:
 
 A writer's or proposer's entry names the positions of its sub-queries in their round (`positions`), so RL can
 search them again deeper and grade the find by rank (`rank_credit`, `rl.reward.process_depth`): at 135M over BM25
-a writer finds gold its question missed in 2% of its calls, too rare a reward for a group of four to differ on.
+a writer rarely finds gold its question missed, too rare a reward for a group of four to differ on
+(docs/learning-study.md).
 
 The credit is computed when a trace is written (`agents.engine`, which knows the question's metadata and the
 retrieved passages' text) and stored in `TraceRecord.credit`, one entry per call in `TraceRecord.all_calls()`

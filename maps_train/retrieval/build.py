@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 EMBEDDINGS = "embeddings.npy"
 PROGRESS = "progress.json"
-PLAN = "build.json"
+BUILD_INPUTS = "build.json"  # what a partial build was built from: a resumed one must match it
 INDEX_FILE = "index.faiss"
 
 
@@ -74,7 +74,8 @@ def _corpus_record(corpus: Corpus) -> dict[str, Any]:
     }
 
 
-def _plan(corpus: Corpus, encoder: Encoder, settings: RetrievalConfig) -> dict[str, Any]:
+def _build_inputs(corpus: Corpus, encoder: Encoder, settings: RetrievalConfig) -> dict[str, Any]:
+    """What the embeddings depend on: the corpus, the encoder and its prefixes, the chunking and the dtype."""
     return {
         "corpus_checksum": corpus.fingerprint,
         "count": len(corpus),
@@ -89,22 +90,22 @@ def _plan(corpus: Corpus, encoder: Encoder, settings: RetrievalConfig) -> dict[s
     }
 
 
-def _start_or_resume(out: Path, plan: dict[str, Any]) -> set[int]:
-    """The chunks already finished by an earlier run with the same plan."""
-    plan_path = out / PLAN
-    if plan_path.is_file():
-        previous = json.loads(plan_path.read_text(encoding="utf-8"))
-        changed = [key for key in plan if previous.get(key) != plan[key]]
+def _start_or_resume(out: Path, inputs: dict[str, Any]) -> set[int]:
+    """The chunks already finished by an earlier run from the same inputs."""
+    inputs_path = out / BUILD_INPUTS
+    if inputs_path.is_file():
+        previous = json.loads(inputs_path.read_text(encoding="utf-8"))
+        changed = [key for key in inputs if previous.get(key) != inputs[key]]
         if changed:
             raise MapsTrainError(
-                f"{plan_path}: a partial build with different {changed[0]} ({previous.get(changed[0])!r} vs "
-                f"{plan[changed[0]]!r}) is in this directory; delete it or choose another --out"
+                f"{inputs_path}: a partial build with different {changed[0]} ({previous.get(changed[0])!r} vs "
+                f"{inputs[changed[0]]!r}) is in this directory; delete it or choose another --out"
             )
         progress_path = out / PROGRESS
         if progress_path.is_file() and (out / EMBEDDINGS).is_file():
             return set(json.loads(progress_path.read_text(encoding="utf-8"))["chunks_done"])
         return set()
-    write_json_atomic(plan_path, plan)
+    write_json_atomic(inputs_path, inputs)
     return set()
 
 
@@ -143,7 +144,7 @@ def build_dense_index(
         logger.info("index %s is already built; pass force=True (--force) to rebuild", out)
         return out
     if force:
-        for name in (MANIFEST, PLAN, PROGRESS, EMBEDDINGS, INDEX_FILE):
+        for name in (MANIFEST, BUILD_INPUTS, PROGRESS, EMBEDDINGS, INDEX_FILE):
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -163,8 +164,8 @@ def build_dense_index(
         )
     elif encoder.name != settings.encoder:
         raise MapsTrainError(f"encoder object is '{encoder.name}' but settings.encoder is '{settings.encoder}'")
-    plan = _plan(corpus, encoder, settings)
-    done = _start_or_resume(out, plan)
+    inputs = _build_inputs(corpus, encoder, settings)
+    done = _start_or_resume(out, inputs)
 
     # ---- embed, chunk by chunk, into the memory map ----
     dtype = np.float16 if settings.embedding_dtype == "float16" else np.float32

@@ -36,7 +36,7 @@ def _settings(recipe: str | None, overrides: list[str], **fields):
 
 def register(app: typer.Typer) -> None:
     index_app = typer.Typer(help="Build retrieval indexes (dense FAISS or BM25).", no_args_is_help=True)
-    retrieve_app = typer.Typer(help="Search an index, serve it over HTTP, measure recall.", no_args_is_help=True)
+    retrieve_app = typer.Typer(help="Search an index and serve it over HTTP (recall: maps-train eval-recall).", no_args_is_help=True)
     app.add_typer(index_app, name="index")
     app.add_typer(retrieve_app, name="retrieve")
 
@@ -86,7 +86,8 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
         port: int = typer.Option(8001),
         corpus: str | None = typer.Option(None, help="The corpus, if it moved since the build"),
-        max_batch: int = typer.Option(256, help="Most queries merged into one search call"),
+        max_batch: int = typer.Option(32, min=1, help="Most queries in one search call (larger requests are cut)"),
+        max_batch_hits: int = typer.Option(2048, min=1, help="Most queries x k in one search call"),
         max_wait_ms: float = typer.Option(5.0, help="How long a request waits for others to join its batch"),
         # ServiceLimits' defaults, written out because importing the service (FastAPI) would slow every command;
         # tests/test_retrieval_service_limits.py checks that they agree
@@ -96,12 +97,15 @@ def register(app: typer.Typer) -> None:
         max_hits: int = typer.Option(32768, min=1, help="Most queries x k in one request: bounds the response"),
         max_body_bytes: int = typer.Option(2 * 1024 * 1024, min=1, help="Largest request body, checked before parsing"),
         read_timeout_s: int = typer.Option(10, min=1, help="Seconds to read a request's body (slower: dropped, 408)"),
-        max_connections: int = typer.Option(512, min=1, help="Connections and requests at once (more: HTTP 503)"),
+        header_timeout_s: int = typer.Option(5, min=1, help="Seconds to receive a request's headers (slower: closed)"),
+        send_timeout_s: int = typer.Option(30, min=1, help="Seconds a client may take to read a part of its answer"),
+        max_connections: int = typer.Option(512, min=1, help="Connections served at once (more wait to be accepted)"),
     ) -> None:
-        """Serve POST /search {queries, k} and GET /health, batching concurrent requests.
+        """Serve POST /search {queries, k} and GET /health under granian, searching concurrent requests fairly.
 
         Requests over a limit get HTTP 413, malformed ones (k not a JSON integer, a query not a valid string) 422,
-        each with a one-line detail naming the field and the option to raise.
+        each with a one-line detail naming the field and the option to raise. Limits and measured load:
+        docs/retrieval-service.md.
         """
         _log_setup()
         from maps_train.retrieval.service import ServiceLimits
@@ -114,10 +118,19 @@ def register(app: typer.Typer) -> None:
             max_hits=max_hits,
             max_body_bytes=max_body_bytes,
             read_timeout_s=read_timeout_s,
+            header_timeout_s=header_timeout_s,
+            send_timeout_s=send_timeout_s,
             max_connections=max_connections,
         )
         run_service(
-            index, host=host, port=port, corpus=corpus, max_batch=max_batch, max_wait_ms=max_wait_ms, limits=limits
+            index,
+            host=host,
+            port=port,
+            corpus=corpus,
+            max_batch=max_batch,
+            max_batch_hits=max_batch_hits,
+            max_wait_ms=max_wait_ms,
+            limits=limits,
         )
 
     @retrieve_app.command("search")

@@ -49,6 +49,11 @@ class RetrievalClient:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TimeoutException as err:
                 error = MapsTrainError(f"retrieval service {self.shown_url}{path}: timed out ({type(err).__name__})")
+            except httpx.RemoteProtocolError as err:  # the service streams its answer; a cut one ends like this
+                error = MapsTrainError(
+                    f"retrieval service {self.shown_url}{path}: the answer was cut off ({redact_text(str(err))}); "
+                    "the service's log says why (a search that failed, or an answer not read within --send-timeout-s)"
+                )
             except httpx.TransportError as err:
                 error = MapsTrainError(
                     f"retrieval service {self.shown_url} unreachable ({type(err).__name__}: {redact_text(str(err))}); "

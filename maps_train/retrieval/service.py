@@ -1,14 +1,20 @@
-"""`maps-train retrieve serve`: the retrieval service (FastAPI), batching concurrent requests dynamically.
+"""`maps-train retrieve serve`: the retrieval service (FastAPI under granian), searching concurrent requests fairly.
 
 `POST /search {"queries": [...], "k": 5}` -> `{"hits": [[{id, title, text, score}, ...], ...]}`; `GET /health`
-(also echoes the limits below).
+(also echoes the limits below and counts what was refused, dropped and cut in `stats`).
 
-Requests go into a queue; one background worker takes the first waiting request, gathers whatever else arrives
-within `max_wait_ms` (up to `max_batch` queries), and runs ONE `search` for all of them in a worker thread, so
-the event loop keeps accepting requests while the encoder and FAISS work, and the next batch forms meanwhile.
-Many agents calling at once therefore cost a few large searches instead of queueing behind each other.
+Requests go to `BatchingSearcher` (`batching.py`): one worker runs one search call at a time in a thread, each call
+holding at most `--max-batch` queries and `--max-batch-hits` hits, merged from every waiting request in a fair order
+(fewest queries served first), so a one-query request waits for the call in flight, never for the heavy requests
+queued before it. The response is streamed part by part as the slices are searched: a client that does not read
+stops its own search and holds at most a few parts of memory, and one that takes no part within `--send-timeout-s`
+is cut off (one log line, `stats.unread`).
 
-No request can take the service down (`ServiceLimits`, each a `retrieve serve` option):
+No client can take the service down (`ServiceLimits`, each a `retrieve serve` option):
+- granian (a maintained Rust HTTP server; uvicorn has no header timeout, its keep-alive timer restarts on every
+  byte) closes a connection whose request headers are not all in within `--header-timeout-s`, however it trickles
+  them, and an idle keep-alive connection after that long too. At most `--max-connections` connections are served
+  at once (granian's backpressure); more wait in the kernel's accept queue until one closes, never a 503.
 - the body is read with a byte cap (`--max-body-bytes`, Content-Length checked before anything is read), then
   validated strictly by pydantic straight from the bytes (`k` a JSON integer, `queries` a list of JSON strings;
   a lone surrogate such as `"\\ud800"` is invalid JSON there), within `--max-queries`, `--max-query-chars`,
@@ -16,10 +22,8 @@ No request can take the service down (`ServiceLimits`, each a `retrieve serve` o
   one-line `detail` names the field, the limit and the option that sets it.
 - a body not read whole within `--read-timeout-s` is dropped (HTTP 408, connection closed), and a client that goes
   away mid-body is dropped; each drop is one log line (never a traceback) and counted in /health's `stats.dropped`.
-  At most `--max-connections` connections and requests are served at once (uvicorn's `limit_concurrency`; more are
-  answered 503 at once).
-- only valid requests join a batch, and a merged search never holds more than `max_hits` hits; should a batch's
-  search still raise, each of its requests is re-run alone, so only the guilty one gets the error (HTTP 500).
+- only valid requests are searched; should a call's search raise, each of its slices is re-run alone, so only the
+  guilty request gets the error: HTTP 500 if it was its first part, else its response is cut (`stats.cut`).
 """
 
 from __future__ import annotations
@@ -27,16 +31,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect
 
 from maps_train.errors import MapsTrainError
-from maps_train.retrieval.base import Hit, Retriever
+from maps_train.retrieval.base import Retriever
+from maps_train.retrieval.batching import BatchingSearcher, BatchStats, Job, _named
+
+__all__ = ["BatchStats", "BatchingSearcher", "ServiceLimits", "create_app", "request_model", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +62,11 @@ class ServiceLimits:
     max_hits: int = 32768
     max_body_bytes: int = 2 * 1024 * 1024  # the request body, read before any JSON is parsed
     read_timeout_s: int = 10  # a body not read whole within this is dropped (408): a slow or stalled sender
-    max_connections: int = 512  # connections and requests at once (uvicorn's limit_concurrency; more get 503)
+    # request headers not all in within this: the connection is closed (granian's http1 header_read_timeout), and
+    # an idle keep-alive connection after this long too; a legal client sends its headers in one packet
+    header_timeout_s: int = 5
+    send_timeout_s: int = 30  # a client that takes no part of its response within this is cut off
+    max_connections: int = 512  # connections served at once (granian's backpressure); more wait to be accepted
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -157,176 +168,79 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-@dataclass
-class _Pending:
-    queries: list[str]
-    k: int
-    future: asyncio.Future = field(repr=False)
+class HitsResponse(Response):
+    """`{"hits": [...]}` streamed part by part as the searcher hands them over (an ASGI response of its own: the
+    parts are JSON already, and each send has a deadline). A client that takes no part within `send_timeout_s`, or
+    a later part whose search failed, ends the response early: the server then closes the connection, and the
+    client sees a cut body rather than a valid one."""
 
+    media_type = "application/json"
 
-@dataclass
-class BatchStats:
-    requests: int = 0
-    queries: int = 0
-    search_calls: int = 0
-    largest_batch: int = 0  # queries in the largest single search call
-    refused: int = 0  # requests answered 413/422: never queued, never searched
-    dropped: int = 0  # requests whose body did not arrive (read timeout, client gone): one log line each
-    isolated_batches: int = 0  # batches whose search raised and whose requests were re-run one at a time
+    def __init__(self, searcher: BatchingSearcher, job: Job, first: bytes, send_timeout_s: int, client: str):
+        super().__init__(status_code=200)
+        del self.headers["content-length"]  # the length is not known before the last part: chunked
+        self.searcher, self.job, self.first, self.send_timeout_s, self.client = (
+            searcher,
+            job,
+            first,
+            send_timeout_s,
+            client,
+        )
 
+    async def _send(self, send, body: bytes, more: bool) -> None:
+        await asyncio.wait_for(
+            send({"type": "http.response.body", "body": body, "more_body": more}), self.send_timeout_s
+        )
 
-class BatchingSearcher:
-    """Merges concurrent `search` calls into single `retriever.search` calls (one worker, one call at a time).
-
-    A batch holds at most `max_batch` queries (more only when one request alone has more) and, since it is
-    searched at its largest `k`, at most `max_hits` queries x k: one request with a large k never turns many
-    small requests into a huge search.
-    """
-
-    def __init__(
-        self,
-        retriever: Retriever,
-        max_batch: int = 256,
-        max_wait_ms: float = 5.0,
-        max_hits: int = ServiceLimits.max_hits,
-    ):
-        self.retriever = retriever
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_ms / 1000.0
-        self.max_hits = max_hits
-        self.stats = BatchStats()
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task | None = None
-        self._backlog: list[_Pending] = []  # taken from the queue, waiting for a batch (oldest first)
-        self._smallest_next = False  # batches start alternately with the oldest and the smallest waiting request
-
-    async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._worker = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-
-    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        if not queries:
-            return []
-        assert self._queue is not None, "BatchingSearcher.start() was not awaited"
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(list(queries), k, future))
-        return await future
-
-    async def _collect(self) -> list[_Pending]:
-        """The next batch. Requests that wait are a backlog, not a line: batches start alternately with the
-        request that has waited longest and with the smallest one waiting, so a one-query request waits for at
-        most one heavy search, never for every heavy request queued before it, and a heavy one is never passed
-        over twice in a row. The batch then takes waiting requests smallest first, then what arrives within
-        `max_wait_ms`, while it fits (`max_batch` queries, `max_hits` hits)."""
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        while not self._queue.empty():
-            self._backlog.append(self._queue.get_nowait())
-        if not self._backlog:
-            self._backlog.append(await self._queue.get())
-        if self._smallest_next:
-            first = min(self._backlog, key=lambda item: len(item.queries) * item.k)
-        else:
-            first = self._backlog[0]
-        self._smallest_next = not self._smallest_next
-        self._backlog.remove(first)
-        batch, size, k = [first], len(first.queries), first.k
-
-        def fits(item: _Pending) -> bool:
-            merged_size, merged_k = size + len(item.queries), max(k, item.k)
-            return merged_size <= self.max_batch and merged_size * merged_k <= self.max_hits
-
-        for item in sorted(self._backlog, key=lambda item: len(item.queries) * item.k):
-            if size >= self.max_batch:
-                break
-            if fits(item):
-                self._backlog.remove(item)
-                batch.append(item)
-                size, k = size + len(item.queries), max(k, item.k)
-        deadline = loop.time() + self.max_wait_s
-        while size < self.max_batch:
-            remaining = deadline - loop.time()
-            try:
-                item = (
-                    self._queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self._queue.get(), remaining)
-                )
-            except (TimeoutError, asyncio.QueueEmpty):
-                break
-            if not fits(item):
-                self._backlog.append(item)  # it waits for a later batch
-                continue
-            batch.append(item)
-            size, k = size + len(item.queries), max(k, item.k)
-        return batch
-
-    async def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        self.stats.search_calls += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(queries))
-        return await asyncio.to_thread(self.retriever.search, queries, k)
-
-    async def _run(self) -> None:
-        while True:
-            batch = await self._collect()
-            queries = [query for item in batch for query in item.queries]
-            self.stats.requests += len(batch)
-            self.stats.queries += len(queries)
-            try:
-                results = await self._search(queries, max(item.k for item in batch))
-            except Exception as err:
-                logger.exception("search failed for a batch of %d requests (%d queries)", len(batch), len(queries))
-                await self._search_alone(batch, err)
-                continue
-            position = 0
-            for item in batch:
-                mine = results[position : position + len(item.queries)]
-                position += len(item.queries)
-                if not item.future.done():  # the client may have gone away
-                    item.future.set_result([hits[: item.k] for hits in mine])
-
-    async def _search_alone(self, batch: list[_Pending], error: Exception) -> None:
-        """After a batch's search raised: re-run each of its requests on its own, so only the guilty one fails."""
-        if len(batch) == 1:
-            if not batch[0].future.done():
-                batch[0].future.set_exception(error)
-            return
-        self.stats.isolated_batches += 1
-        for item in batch:
-            try:
-                outcome = await self._search(item.queries, item.k)
-            except Exception as err:
-                logger.warning("search failed for a request of %d queries: %s: %s", len(item.queries), *_named(err))
-                if not item.future.done():
-                    item.future.set_exception(err)
-                continue
-            if not item.future.done():
-                item.future.set_result(outcome)
-
-
-def _named(err: Exception) -> tuple[str, str]:
-    return type(err).__name__, " ".join(str(err).split())[:300]
+    async def __call__(self, scope, receive, send) -> None:
+        stats = self.searcher.stats
+        try:
+            await asyncio.wait_for(
+                send({"type": "http.response.start", "status": 200, "headers": self.raw_headers}), self.send_timeout_s
+            )
+            await self._send(send, b'{"hits":[' + self.first, True)
+            while True:
+                try:
+                    part = await self.searcher.next_part(self.job)
+                except Exception as err:
+                    stats.cut += 1
+                    logger.warning(
+                        "cut /search response to %s: a later slice failed: %s: %s", self.client, *_named(err)
+                    )
+                    return
+                if part is None:
+                    break
+                await self._send(send, b"," + part, True)
+            await self._send(send, b"]}", False)
+        except TimeoutError:
+            stats.unread += 1
+            logger.warning(
+                "cut /search response to %s: no part taken within %d s (%s)",
+                self.client,
+                self.send_timeout_s,
+                _OPTION["send_timeout_s"],
+            )
+        except OSError as err:  # the client went away while a part was being sent (ASGI 2.4)
+            logger.warning("cut /search response to %s: %s", self.client, type(err).__name__)
+        finally:
+            self.searcher.cancel(self.job)
 
 
 def create_app(
     retriever: Retriever,
-    max_batch: int = 256,
+    max_batch: int = 32,
     max_wait_ms: float = 5.0,
     info: dict | None = None,
     limits: ServiceLimits | None = None,
+    max_batch_hits: int = 2048,
 ):
-    """The FastAPI app serving `retriever` within `limits`; `info` (e.g. from the manifest) is echoed by /health."""
+    """The FastAPI app serving `retriever` within `limits`; `info` (e.g. from the manifest) is echoed by /health.
+    `max_batch` and `max_batch_hits` bound each search call (`BatchingSearcher`)."""
     from contextlib import asynccontextmanager
 
     limits = limits or ServiceLimits()
     model = request_model(limits)
-    searcher = BatchingSearcher(retriever, max_batch=max_batch, max_wait_ms=max_wait_ms, max_hits=limits.max_hits)
+    searcher = BatchingSearcher(retriever, max_batch=max_batch, max_wait_ms=max_wait_ms, max_hits=max_batch_hits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -346,14 +260,18 @@ def create_app(
     schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
     @app.post("/search", openapi_extra=schema)
-    async def search(request: Request) -> JSONResponse:
+    async def search(request: Request) -> Response:
         client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
         try:
             body = await asyncio.wait_for(read_body(request, limits.max_body_bytes), limits.read_timeout_s)
         except TimeoutError:
             searcher.stats.dropped += 1
-            logger.warning("dropped /search from %s: body not read within %d s (%s)", client, limits.read_timeout_s,
-                           _OPTION["read_timeout_s"])
+            logger.warning(
+                "dropped /search from %s: body not read within %d s (%s)",
+                client,
+                limits.read_timeout_s,
+                _OPTION["read_timeout_s"],
+            )
             detail = f"body: not read within {limits.read_timeout_s} s ({_OPTION['read_timeout_s']})"
             return JSONResponse({"detail": detail}, status_code=408, headers={"Connection": "close"})
         except ClientDisconnect:
@@ -368,14 +286,39 @@ def create_app(
         except RequestRefused as refusal:
             searcher.stats.refused += 1
             return JSONResponse({"detail": refusal.detail}, status_code=refusal.status)
+        job = searcher.submit(queries, k, as_json=True)
         try:
-            results = await searcher.search(queries, k)
+            first = await searcher.next_part(job)  # before the status line: a first slice that fails is a 500
         except Exception as err:
-            raise HTTPException(status_code=500, detail="{}: {}".format(*_named(err))) from None
-        # a plain JSONResponse skips FastAPI's jsonable_encoder, a slow walk over every hit
-        return JSONResponse({"hits": [[vars(hit) for hit in hits] for hits in results]})
+            searcher.cancel(job)
+            return JSONResponse({"detail": "{}: {}".format(*_named(err))}, status_code=500)
+        except BaseException:  # cancelled (the server shut the request down): forget the job
+            searcher.cancel(job)
+            raise
+        return HitsResponse(searcher, job, first or b"", limits.send_timeout_s, client)
 
     return app
+
+
+def _app_in_worker(index_dir: str, corpus: str | None, info: dict, settings: dict, limits: ServiceLimits):
+    """The app, built in granian's worker process: the index is loaded there, once. The worker dies with granian's
+    supervising process (Linux), so a killed service never leaves its index loaded and its port held."""
+    import sys
+
+    from maps_train.retrieval.factory import load_retriever
+
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    try:
+        retriever = load_retriever(index_dir, corpus=corpus)
+    except (MapsTrainError, OSError) as err:  # a torn index: one line, not a traceback from the worker
+        logger.error("retrieve serve: cannot load %s: %s: %s", index_dir, *_named(err))
+        raise SystemExit(2) from None
+    return create_app(retriever, info=info, limits=limits, **settings)
 
 
 def serve(
@@ -383,17 +326,24 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8001,
     corpus: str | None = None,
-    max_batch: int = 256,
+    max_batch: int = 32,
     max_wait_ms: float = 5.0,
     limits: ServiceLimits | None = None,
+    max_batch_hits: int = 2048,
 ) -> None:
-    """Load the index in `index_dir` (dense or BM25, from its manifest) and serve it until interrupted."""
-    import uvicorn
+    """Serve the index in `index_dir` (dense or BM25, from its manifest) under granian until interrupted: one
+    worker process (the search is one CPU-bound queue) loads the index; this process only supervises it."""
+    from functools import partial
 
-    from maps_train.retrieval.factory import load_retriever
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+    from granian.log import LogLevels
+    from granian.server import Server
 
-    retriever = load_retriever(index_dir, corpus=corpus)
-    manifest = retriever.manifest
+    from maps_train.retrieval.manifest import read_manifest
+
+    limits = limits or ServiceLimits()
+    manifest = read_manifest(index_dir)  # a missing or torn index: one line here, before any worker starts
     info = {
         "kind": manifest["kind"],
         "count": manifest["count"],
@@ -401,7 +351,28 @@ def serve(
         "index_type": manifest["index"]["type"],
         "encoder": manifest.get("encoder", {}).get("name"),
     }
-    app = create_app(retriever, max_batch=max_batch, max_wait_ms=max_wait_ms, info=info, limits=limits)
+    settings = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_batch_hits": max_batch_hits}
+    server = Server(
+        "maps_train.retrieval.service:create_app",  # named in granian's log only: the loader below builds the app
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        workers=1,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=2048,
+        backpressure=limits.max_connections,
+        http1_settings=HTTP1Settings(header_read_timeout=limits.header_timeout_s * 1000),
+        log_level=LogLevels.info,
+    )
     logger.info("serving %s on http://%s:%d", index_dir, host, port)
-    limits = limits or ServiceLimits()
-    uvicorn.run(app, host=host, port=port, log_level="info", limit_concurrency=limits.max_connections)
+    try:
+        server.serve(
+            target_loader=partial(_app_in_worker, str(index_dir), corpus, info, settings, limits), wrap_loader=False
+        )
+    except SystemExit as exit_:
+        if exit_.code:  # the worker did not start (its own line says why) or died
+            raise MapsTrainError(
+                f"retrieve serve: the service over {index_dir} stopped (see the lines above)"
+            ) from None
+        raise

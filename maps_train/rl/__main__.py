@@ -18,7 +18,7 @@ from maps_train.platform import apply_runtime_defaults, exit_cleanly_on_sigterm
 
 def main(argv: list[str] | None = None) -> int:
     from maps_train.recipe import load_recipe
-    from maps_train.rl.trainer import run_rl
+    from maps_train.rl.trainer import rl_stage
 
     apply_runtime_defaults()
     exit_cleanly_on_sigterm()  # accelerate passes a SIGTERM on to its ranks: their engines stop with them
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
-        run_rl(load_recipe(args.config, args.overrides), echo=print)
+        rl_stage(load_recipe(args.config, args.overrides), echo=print)
     except MapsTrainError as err:
         print(f"maps-train: error: {err}", file=sys.stderr)
         return 2

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from maps_train.config.typed import did_you_mean
 from maps_train.errors import ConfigError
-from maps_train.library_options import GRPOOptions
+from maps_train.library_options import GRPOOptions, check_library_sections
 from maps_train.recipe import Recipe, adapter_of_role, route_for
 from maps_train.records.hints import refuse_hint
 from maps_train.rl.environment import environment_recipe
@@ -20,6 +21,7 @@ from maps_train.rl.vllm_policy import SERVER_TAKES_NO_SCHEMA
 
 def check_rl_config(recipe: Recipe) -> None:
     """What the recipe's types do not bound, before any model loads."""
+    check_library_sections(recipe, "rl")  # rl.grpo (and train.lora) by TRL and PEFT
     rl = recipe.rl
     if rl.rollout == "vllm":
         check_vllm_rollout(GRPOOptions.of(rl.grpo))
@@ -56,11 +58,35 @@ def check_rl_config(recipe: Recipe) -> None:
     if not rl.temperature > 0:
         raise ConfigError(f"rl.temperature: GRPO samples its rollouts, so it must be > 0, got {rl.temperature}")
     check_grpo_numbers(rl.grpo)
+    check_completion_fits(recipe)
+    for line in rl_warnings(recipe):
+        print(f"maps-train: warning: {line}", file=sys.stderr)
     grpo = GRPOOptions.of(rl.grpo)
     batch = grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps
     if batch % rl.num_generations:
         raise ConfigError(f"rl.grpo.per_device_train_batch_size x gradient_accumulation_steps ({batch}) must be a "
                           f"multiple of rl.num_generations ({rl.num_generations}): each process rolls out whole groups")
+
+
+def rl_warnings(recipe: Recipe) -> list[str]:
+    """Settings this run never uses, each a line: a role's reward when the role is not trained here (kept for the
+    run that trains it, so a warning, not an error), `rl.decisions: both` when no trained adapter answers the
+    consolidator (the only yes/no decision it fixes)."""
+    rl = recipe.rl
+    lines = [f"rl.role_reward.{role}: rl.roles ({', '.join(rl.roles)}) does not train {role}; its reward applies "
+             f"only to a run that does" for role in rl.role_reward if role not in rl.roles]
+    if rl.decisions == "both" and "consolidator" not in rl.roles:
+        lines.append(f"rl.decisions: 'both' fixes the consolidator's stop-or-continue, and rl.roles "
+                     f"({', '.join(rl.roles)}) does not train the consolidator: it changes nothing in this run")
+    return lines
+
+
+def check_completion_fits(recipe: Recipe) -> None:
+    """A trained call's completion must leave room for its prompt in the context (backend.max_model_len)."""
+    tokens, context = recipe.rl.max_completion_tokens, recipe.backend.max_model_len
+    if tokens >= context:
+        raise ConfigError(f"rl.max_completion_tokens: {tokens} does not fit the context with a prompt "
+                          f"(backend.max_model_len: {context}); give it fewer than {context} tokens")
 
 
 def check_grpo_numbers(grpo: Mapping[str, Any]) -> None:
@@ -80,6 +106,12 @@ def check_grpo_numbers(grpo: Mapping[str, Any]) -> None:
         value = grpo[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"rl.grpo.{key}: must be an integer >= 1, got {value!r}")
+    save = grpo.get("save_steps")
+    if save is not None:  # TRL: a step count >= 1, or a float below 1 as a share of the run's steps
+        number = isinstance(save, int | float) and not isinstance(save, bool) and math.isfinite(save)
+        if not number or save <= 0 or (save >= 1 and save != int(save)):
+            raise ConfigError(f"rl.grpo.save_steps: must be an integer >= 1 (a checkpoint every so many steps) or a "
+                              f"share of the steps in (0, 1), got {save!r}")
 
 
 def check_environment_per_rank(recipe: Recipe, world_size: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from maps_train.plan.preflight import no_plan_option, preflight
+from maps_train.preflight_hook import no_plan_option, preflight
 
 
 def register(app: typer.Typer) -> None:
@@ -20,13 +20,13 @@ def register(app: typer.Typer) -> None:
         preflight("rl", recipe, overrides, skip=no_plan)
         from maps_train.recipe import load_recipe
         from maps_train.rl.layout import plot_run_curves
-        from maps_train.rl.trainer import run_rl
+        from maps_train.rl.trainer import rl_stage
 
         if plot_only:
             for png in plot_run_curves(load_recipe(recipe, overrides or [])):
                 typer.echo(str(png))
             return
-        summary = run_rl(load_recipe(recipe, overrides or []), echo=typer.echo)
+        summary = rl_stage(load_recipe(recipe, overrides or []), echo=typer.echo)
         for role, lineage in summary["roles"].items():
             typer.echo(f"{role}: {lineage['source_adapter'] or '(fresh LoRA)'} -> {lineage['rl_adapter']} "
                        f"(step {lineage['global_step']})")

@@ -1,40 +1,36 @@
-"""The world an RL'd role acts in: who answers the calls RL does not train (`rl.environment`), the routes once a
-role's RL adapter is trained (the next role's environment), and the training questions."""
+"""The world an RL'd role acts in: who answers the calls RL does not train (`rl.environment`, from an adapter set:
+once a role's RL adapter is trained, the next role's environment is the set with that adapter replaced), and the
+training questions."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from maps_train.adapters import AdapterSet, rl_source_set, with_student_routes
 from maps_train.errors import ConfigError
 from maps_train.questions import Question
 from maps_train.recipe import Recipe, route_for
-from maps_train.rl.layout import rl_adapter_dir
-from maps_train.rl.rollout import trained_trace_roles
 
 
-def with_rl_adapter(recipe: Recipe, role: str) -> Recipe:
-    """The recipe whose routes of the RL'd adapter's roles name the new adapter folder (hf and vllm routes; an
-    openai route names a served adapter, which only a server restart with the new folder changes)."""
-    folder = str(rl_adapter_dir(recipe, role))
-    roles = dict(recipe.roles)
-    for trace_role in trained_trace_roles(recipe, role):
-        route = route_for(recipe.roles, trace_role)
-        if route.backend in ("hf", "vllm") and route.adapter:
-            roles[trace_role] = dataclasses.replace(route, adapter=folder)
-    return dataclasses.replace(recipe, roles=roles)
-
-
-def environment_recipe(recipe: Recipe) -> Recipe:
-    """The recipe whose routes answer the calls RL does not train (`rl.environment`): the distilled student's
-    (adapters from rl.adapters_dir, else serve.adapters_dir or train.output_dir; an in-process vLLM engine, or the
-    served adapters by name), or the recipe's own roles."""
+def environment_recipe(recipe: Recipe, adapters: AdapterSet | None = None) -> Recipe:
+    """The recipe whose routes answer the calls RL does not train (`rl.environment`): the student with `adapters`
+    (default: RL's starting set, `adapters.rl_source_set`, the very set the policy starts from; an in-process vLLM
+    engine, or the served adapters by name), or the recipe's own roles, where an hf or vllm route of a role an RL'd
+    adapter of `adapters` learned names that adapter's folder (an openai route names a served adapter, which only a
+    server restart with the new folder changes)."""
+    adapters = adapters if adapters is not None else rl_source_set(recipe)
     if recipe.rl.environment == "recipe":
-        return recipe
-    from maps_train.serve.plan import with_distilled_routes
-
-    serve = dataclasses.replace(recipe.serve, adapters_dir=recipe.rl.adapters_dir or recipe.serve.adapters_dir)
+        roles = dict(recipe.roles)
+        for adapter in adapters.adapters.values():
+            if adapter.stage != "rl" or adapter.folder is None:
+                continue
+            for role in adapter.learned or adapter.roles:
+                route = route_for(recipe.roles, role)
+                if route.backend in ("hf", "vllm") and route.adapter:
+                    roles[role] = dataclasses.replace(route, adapter=str(adapter.folder))
+        return dataclasses.replace(recipe, roles=roles)
     via = "engine" if recipe.rl.environment == "distilled" else "server"
-    return with_distilled_routes(dataclasses.replace(recipe, serve=serve), via=via)
+    return with_student_routes(recipe, adapters, via=via)
 
 
 def load_rl_questions(recipe: Recipe) -> list[Question]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from maps_train.agents.outputs import DEPLOYED_JSON_SEPARATORS as SEPARATORS
 from maps_train.errors import MapsTrainError
-
-SEPARATORS = (",", ":")  # vLLM's xgrammar backend under disable_any_whitespace
 
 
 class JsonGrammars:

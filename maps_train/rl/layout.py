@@ -1,11 +1,15 @@
 """Where an RL run's files are: `<rl.output_dir>/adapters/<adapter>/` (the RL adapters, `rl_summary.json` written
-last: finished), `<rl.output_dir>/_trainer/<role>/` (checkpoints), `<rl.output_dir>/curves-<role>.png`; which
+last: finished; `adapters.json` beside them: the adapter set RL leaves, its RL'd adapters and the rest of the set it
+started from), `<rl.output_dir>/_trainer/<role>/` (checkpoints), `<rl.output_dir>/curves-<role>.png`; which
 rank this process is."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from maps_train.adapters import Adapter, AdapterSet
+from maps_train.errors import MapsTrainError
 from maps_train.recipe import TRAINER_SUBDIR, Recipe, adapter_of_role
 from maps_train.rl.curves import plot_rl_curves, read_log_history
 from maps_train.train.markers import RL_SUMMARY_FILE, RL_WRITER, claim
@@ -14,32 +18,41 @@ SUMMARY_FILE = RL_SUMMARY_FILE  # in each RL adapter's folder (written last: fin
 ADAPTERS_SUBDIR = "adapters"
 
 
-def adapter_of(recipe: Recipe, role: str) -> str:
-    return adapter_of_role(recipe)[role]
-
-
 def rl_adapter_dir(recipe: Recipe, role: str) -> Path:
-    return Path(recipe.rl.output_dir) / ADAPTERS_SUBDIR / adapter_of(recipe, role)
+    """Where RL writes the adapter of `role` (named as the recipe's `sft_data.adapter_roles` names it)."""
+    return rl_adapters_root(recipe) / adapter_name(recipe, role)
+
+
+def rl_adapters_root(recipe: Recipe) -> Path:
+    """The adapter set RL writes: its adapters and their manifest (`adapters.json`)."""
+    return Path(recipe.rl.output_dir) / ADAPTERS_SUBDIR
+
+
+def adapter_name(recipe: Recipe, role: str) -> str:
+    mapping = adapter_of_role(recipe)
+    if role not in mapping:
+        raise MapsTrainError(f"rl.roles: '{role}' is no role of sft_data.adapter_roles ({', '.join(sorted(mapping))})")
+    return mapping[role]
 
 
 def rl_trainer_dir(recipe: Recipe, role: str) -> Path:
     return Path(recipe.rl.output_dir) / TRAINER_SUBDIR / role
 
 
-def source_adapter_dir(recipe: Recipe, role: str) -> Path:
-    """The distilled adapter RL starts from (rl.init: distilled)."""
-    return Path(recipe.rl.adapters_dir or recipe.train.output_dir) / adapter_of(recipe, role)
+def policy_start(init: str, source: AdapterSet, role: str) -> Path | None:
+    """The adapter RL starts `role`'s policy from: its adapter in `source`, the set the environment serves too; None
+    for a fresh LoRA: `rl.init: base`, or an adapter that learned nothing (no SFT rows, `train.unlearned`: the base
+    model serves its roles, so RL starts there too)."""
+    return source.adapter_of(role).folder if init == "distilled" else None
 
 
-def distilled_source(recipe: Recipe, role: str) -> Path | None:
-    """The distilled adapter RL starts `role` from; None for a fresh LoRA: `rl.init: base`, or a distilled adapter
-    that learned nothing (no SFT rows, `train.unlearned`: the base model serves its roles, so RL starts there too)."""
-    from maps_train.train.sft import learned_nothing
-
-    if recipe.rl.init != "distilled":
-        return None
-    source = source_adapter_dir(recipe, role)
-    return None if learned_nothing(source) else source
+def with_rl_adapter(adapters: AdapterSet, recipe: Recipe, role: str, trained_roles: Sequence[str],
+                    parent: str | None = None, sha256: str | None = None) -> AdapterSet:
+    """The adapter set RL leaves: `adapters` with `role`'s adapter replaced by its RL adapter (serving the roles it
+    trained), rooted at `<rl.output_dir>/adapters/`; the other adapters stay where they are."""
+    rl_adapter = Adapter(adapter_name(recipe, role), rl_adapter_dir(recipe, role), adapters.adapter_of(role).roles,
+                         tuple(trained_roles), "rl", parent, sha256)
+    return adapters.with_adapter(rl_adapter, root=rl_adapters_root(recipe))
 
 
 def curves_png(recipe: Recipe, role: str) -> Path:
@@ -47,7 +60,7 @@ def curves_png(recipe: Recipe, role: str) -> Path:
 
 
 def curves_title(recipe: Recipe, role: str) -> str:
-    return f"{recipe.name}: RL of the {adapter_of(recipe, role)} adapter"
+    return f"{recipe.name}: RL of the {adapter_name(recipe, role)} adapter"
 
 
 def newest_trainer_state(recipe: Recipe, role: str) -> Path:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
+from maps_train.adapters import AdapterSet, rl_source_set
 from maps_train.errors import MapsTrainError
 from maps_train.platform import vllm_dtype, vllm_on_cpu
 from maps_train.recipe import Recipe
-from maps_train.rl.layout import adapter_of, distilled_source, rl_trainer_dir
+from maps_train.rl.layout import adapter_name, policy_start, rl_trainer_dir
 from maps_train.train import internals
 
 
@@ -40,7 +41,7 @@ def build_grpo_config(recipe: Recipe, role: str, bf16: bool, wandb_on: bool):
         use_vllm=rl.rollout == "vllm",
     )
     if rl.rollout == "vllm":
-        # Prompts are fitted to leave max_completion_tokens within backend.max_model_len (llm.common.fit_request);
+        # Prompts are fitted to leave max_completion_tokens within backend.max_model_len (llm.prompt_fit.fit_request);
         # without it TRL's colocated engine would reserve the model's whole context.
         kwargs.setdefault("vllm_max_model_length", recipe.backend.max_model_len)
     if on_cpu():
@@ -51,14 +52,16 @@ def build_grpo_config(recipe: Recipe, role: str, bf16: bool, wandb_on: bool):
         raise MapsTrainError(f"rl.grpo: trl.GRPOConfig refuses it: {' '.join(str(err).split())}") from None
 
 
-def load_policy_model(recipe: Recipe, role: str, dtype: str):
-    """(model, peft_config): the student with the distilled adapter as a trainable PeftModel (TRL then copies it
-    as the frozen "ref" adapter), or the bare student and `train.lora` for a fresh adapter (`rl.init: base`, or a
-    distilled adapter that learned nothing: `rl.layout.distilled_source`)."""
+def load_policy_model(recipe: Recipe, role: str, dtype: str, adapters: AdapterSet | None = None):
+    """(model, peft_config): the student with `role`'s adapter of `adapters` (default: RL's starting set,
+    `adapters.rl_source_set`) as a trainable PeftModel (TRL then copies it as the frozen "ref" adapter), or the
+    bare student and `train.lora` for a fresh adapter (`rl.init: base`, or an adapter that learned nothing:
+    `rl.layout.policy_start`)."""
     from maps_train.train import sft
 
+    adapters = adapters if adapters is not None else rl_source_set(recipe)
     model = sft.load_student(recipe, sft.Precision(dtype=dtype, bf16=False))
-    source = distilled_source(recipe, role)
+    source = policy_start(recipe.rl.init, adapters, role)
     if source is None:
         lora = sft.build_lora_config(recipe.train)
         lora.lora_dropout = 0.0  # see without_dropout
@@ -69,8 +72,9 @@ def load_policy_model(recipe: Recipe, role: str, dtype: str):
 
     if not (source / "adapter_config.json").is_file():
         raise MapsTrainError(f"{source}: no distilled adapter for rl.roles '{role}' (rl.init: distilled reads "
-                             "rl.adapters_dir, else train.output_dir; rl.init: base starts a fresh LoRA)")
-    require_safetensors_adapter(source, f"rl.adapters_dir/{adapter_of(recipe, role)}")
+                             "rl.adapters_dir, else serve.adapters_dir, else train.output_dir; rl.init: base starts "
+                             "a fresh LoRA)")
+    require_safetensors_adapter(source, f"rl.adapters_dir/{adapter_name(recipe, role)}")
     return without_dropout(PeftModel.from_pretrained(model, str(source), is_trainable=True)), None
 
 
@@ -89,7 +93,7 @@ def without_dropout(model):
 def colocated_engine_dtype(recipe: Recipe, args):
     """The dtype TRL's colocated engine starts in on vLLM-CPU (`maps_train.rl.vllm_policy.engine_dtype`: the
     project's own choice there, float32 on AVX2-only CPUs); elsewhere TRL's own call, unchanged. Its core runs in
-    this process, hence the kernel-scan guard around it (`maps_train.platform.vllm_kernel_scan_guard`)."""
+    this process, hence the kernel-scan guard around it (`maps_train.llm.vllm_internals.vllm_kernel_scan_guard`)."""
     if not (args.use_vllm and args.vllm_mode == "colocate" and vllm_on_cpu()):
         return nullcontext()
     return internals.trl_engine_dtype(vllm_dtype(recipe.backend.dtype, cpu=True))

@@ -1,9 +1,9 @@
 """A branch search call's find graded by rank (`rl.reward.process_depth`), written into its trace's credit.
 
 The found-new credit (`records.credit`) pays a writer only for gold that lands in the agent's top k: at 135M over
-BM25, with the question searched first, 2% of writer calls do, so almost every group of four branches ties at 0
-and GRPO has nothing to compare (docs/learning-study.md). Searched 100 deep, 14% of the calls with gold left to
-find bring some of it into the top 100 (top 5: 3.8%). This searches the branch call's own sub-queries again, `depth` deep, with the
+BM25, with the question searched first, few writer calls do, so almost every group of four branches ties at 0
+and GRPO has nothing to compare. Searched deeper, many more of the calls with gold left to find bring some of it
+closer (docs/learning-study.md has the figures). This searches the branch call's own sub-queries again, `depth` deep, with the
 rollout's retriever, and stores `records.credit.rank_credit` in the call's credit entry, where the process reward
 reads it. Only the branch call is graded: it is the one call a group's branches differ by.
 """

@@ -27,7 +27,7 @@ would condition every call on text the model never saw. Instead, per question of
    rl.temperature, so GRPO's ratio has nothing to say about them, and their credit is not this sample's. They
    are trained when a later step's draw makes them the branch point. One sample per group is the price of
    credit that belongs to one decision; under free decoding every later call added its own sampling noise to the
-   branch's reward (the writer run of docs/learning-study.md parsed 80% of its free branch calls).
+   branch's reward (the free-decoding writer run of docs/learning-study.md).
 
 Seeds: each step's episodes run with `agent.sampling.seed` set to a seed of (rl.seed, step), so every request
 gets its own seed from (that seed, question id, role, call index) (`agents.engine.request_seed`): a rerun of a
@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from maps_train.adapters import AdapterSet, rl_source_set
 from maps_train.agents.engine import request_seed
 from maps_train.agents.registry import engine_class
 from maps_train.errors import MapsTrainError
@@ -50,30 +51,28 @@ from maps_train.llm.budget import ReasoningCap
 from maps_train.llm.router import Router, engine_key, make_backend
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
-from maps_train.recipe import Recipe, RoleRoute, adapter_of_role, route_for
+from maps_train.recipe import Recipe, RoleRoute, route_for
 from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
-from maps_train.rl.layout import source_adapter_dir
+from maps_train.rl.layout import adapter_name
 from maps_train.rl.policy import PolicyBackend, PolicySample
 from maps_train.rl.rank_credit import grade_branch_search
 
 PILOT = "pilot"
 
 
-def trained_trace_roles(recipe: Recipe, role: str) -> list[str]:
+def trained_trace_roles(recipe: Recipe, role: str, source: AdapterSet | None = None) -> list[str]:
     """The trace roles whose calls the adapter of `role` writes (the consolidator adapter also writes "answer"):
     the policy answers all of them, since its weights are what the adapter becomes. Under `rl.init: distilled`, a
-    role the distilled adapter never learned (no SFT row: `sft_data.min_rows_per_role`) is left out: the distilled
-    routes send it to the base model, in the environment as when deployed."""
-    from maps_train.serve.plan import untrained_roles
-
-    mapping = adapter_of_role(recipe)
-    if role not in mapping:
-        raise MapsTrainError(f"rl.roles: '{role}' is no role of sft_data.adapter_roles ({', '.join(sorted(mapping))})")
-    roles = sorted(r for r, adapter in mapping.items() if adapter == mapping[role])
-    if recipe.rl.init == "distilled":
-        untrained = untrained_roles(source_adapter_dir(recipe, role))
-        roles = [r for r in roles if r not in untrained] or roles
+    role the distilled adapter in `source` (default: RL's starting set, `adapters.rl_source_set`) never learned
+    (no SFT row: `sft_data.min_rows_per_role`) is left out: its routes send it to the base model, in the
+    environment as when deployed."""
+    adapter_name(recipe, role)  # a role of the recipe's adapters: one line naming them otherwise
+    source = source if source is not None else rl_source_set(recipe)
+    adapter = source.adapter_of(role)
+    roles = sorted(adapter.roles)
+    if recipe.rl.init == "distilled" and adapter.learned is not None:
+        roles = [r for r in roles if r in adapter.learned] or roles
     return roles
 
 

@@ -11,7 +11,7 @@ from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.records.metrics import score_answer
-from maps_train.rl.layout import adapter_of
+from maps_train.rl.layout import adapter_name
 from maps_train.rl.policy import ModelSampler, PolicyBackend, Sampler, Sampling
 from maps_train.rl.rewards import answer_mode
 from maps_train.rl.rollout import BranchRollouts, policy_router, trained_trace_roles
@@ -25,13 +25,13 @@ class MapsRollouts:
     rollout's trace and question. The policy backend is built on the first call, from the trainer TRL passes."""
 
     def __init__(self, recipe: Recipe, role: str, questions: Mapping[str, Question], retriever: Any,
-                 environment_backends: Mapping[str, Any] | None = None):
+                 environment_backends: Mapping[str, Any] | None = None, trained_roles: list[str] | None = None):
         self.recipe = recipe
         self.role = role
         self.questions = questions
         self.retriever = retriever
         self.environment_backends = environment_backends
-        self.trained_roles = trained_trace_roles(recipe, role)
+        self.trained_roles = trained_roles if trained_roles is not None else trained_trace_roles(recipe, role)
         self.rollouts: BranchRollouts | None = None
 
     def _build(self, trainer) -> BranchRollouts:
@@ -40,11 +40,11 @@ class MapsRollouts:
         if rl.rollout == "vllm":
             from maps_train.rl.vllm_policy import VLLMSampler
 
-            sampler: Sampler = VLLMSampler(trainer.vllm_generation, list(trainer.eos_token_ids))
+            sampler: Sampler = VLLMSampler(internals.trl_generation(trainer), list(trainer.eos_token_ids))
         else:
             sampler = ModelSampler(lambda: trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
         policy = PolicyBackend(sampler, trainer.processing_class, sampling, self.recipe.backend.max_model_len,
-                               self.recipe.backend.truncate_prompt, adapter_of(self.recipe, self.role), rl.decoding)
+                               self.recipe.backend.truncate_prompt, adapter_name(self.recipe, self.role), rl.decoding)
         router = policy_router(self.recipe, self.trained_roles, policy, self.environment_backends)
         return BranchRollouts(self.recipe, router, policy, self.retriever, self.trained_roles,
                               rl.num_generations, rl.seed, rl.reward_for(self.role).process_depth)

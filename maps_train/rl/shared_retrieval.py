@@ -6,10 +6,18 @@ leaves it. Instead the machine's first rank (LOCAL_RANK 0) starts `maps-train re
 on every CPU of the machine, and writes its URL to a file; every rank, the first included, searches through a
 `RetrievalClient`. The service stops with the rank that started it (SIGTERM when that process ends, however it
 ends). One rank, a BM25 index or a named service: the recipe's retriever as before (`build_retriever`).
+
+The URL file is one per launch (named by the host, the launcher process that all of a machine's ranks share, and
+the rendezvous address), written whole through a rename, names the rank that owns the service (its pid and that
+process's start time) and is removed when that rank exits. A reader takes a URL only from a file whose owner is
+alive: a file left by a killed launch (or an old plain-text one) is never read, however its name came about.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,18 +28,55 @@ from pathlib import Path
 from typing import Any
 
 from maps_train.errors import MapsTrainError
+from maps_train.paths import write_text_atomic
 from maps_train.platform import free_port
 
 START_TIMEOUT_S = 900.0  # a 21M-passage index loads in minutes
 
 
 def _launch_id() -> str:
-    """What tells this launch's URL file from an earlier launch's: the rendezvous address every rank shares."""
-    return f"{socket.gethostname()}-{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
+    """What tells this launch's URL file from an earlier launch's: the launcher process every rank of the machine
+    is a child of (accelerate's / torchrun's agent), and the rendezvous address every rank shares."""
+    return (f"{socket.gethostname()}-{os.getppid()}-{os.environ.get('MASTER_ADDR', 'local')}-"
+            f"{os.environ.get('MASTER_PORT', '0')}")
 
 
 def url_file(recipe: Any) -> Path:
     return Path(recipe.rl.output_dir) / f".retrieval-{_launch_id()}.url"
+
+
+def _started(pid: int) -> float | None:
+    """When process `pid` started (psutil's create time), None when there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def write_url(path: Path, url: str) -> None:
+    """The service's URL, owned by this process, written whole (a reader sees all of it or no file)."""
+    write_text_atomic(path, json.dumps({"url": url, "pid": os.getpid(), "started": _started(os.getpid())}) + "\n")
+
+
+def live_url(path: Path) -> str | None:
+    """The URL in `path` when the process that wrote it is still the one running under its pid; None otherwise
+    (no file, a file of another format, or a stale one: its owner exited and the service with it)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        url, pid, started = str(record["url"]), int(record["pid"]), float(record["started"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    now = _started(pid)
+    return url if now is not None and abs(now - started) < 0.01 else None
+
+
+def forget_url(path: Path) -> None:
+    """Remove the URL file if this process owns it (at exit of the rank that started the service)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        if json.loads(path.read_text(encoding="utf-8"))["pid"] == os.getpid():
+            path.unlink()
 
 
 def _die_with_parent() -> None:
@@ -84,14 +129,13 @@ def rank_retriever(recipe: Any, timeout_s: float = START_TIMEOUT_S) -> tuple[Any
     process = None
     if int(os.environ.get("LOCAL_RANK") or 0) == 0:
         url, process = start_service(recipe, timeout_s)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(url + "\n", encoding="utf-8")
+        write_url(path, url)
+        atexit.register(forget_url, path)
     else:
         deadline = time.monotonic() + timeout_s
-        while not path.is_file():
+        while (url := live_url(path)) is None:  # a stale file (its owner gone) is waited past, never read
             if time.monotonic() > deadline:
-                raise MapsTrainError(f"rl: no retrieval service URL in {path} after {timeout_s:.0f} s (the "
-                                     f"machine's first rank starts it)")
+                raise MapsTrainError(f"rl: no live retrieval service URL in {path} after {timeout_s:.0f} s (the "
+                                     f"machine's first rank writes it when its service answers)")
             time.sleep(0.5)
-        url = path.read_text(encoding="utf-8").strip()
     return RetrievalClient(url, timeout_s=cfg.service_timeout_s), process

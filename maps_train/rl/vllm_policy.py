@@ -7,7 +7,7 @@ every request its own seed (one `SamplingParams` for a batch; `n=G` per prompt i
 rollouts need per-request seeds so a resumed step samples the same episodes. So the calls go to TRL's engine
 directly, rendered exactly as the transformers policy renders them (`PolicyBackend` with this sampler):
 
-- colocate: `trainer.vllm_generation.llm.generate(...)` with one `SamplingParams` per request (`sampling_params`:
+- colocate: TRL's colocated `LLM.generate(...)` with one `SamplingParams` per request (`sampling_params`:
   its seed, temperature (0: greedy) and top_p, no top-k, min-p or repetition penalty, `logprobs=0`: the sampled
   token's log-probability after temperature, as TRL starts the engine with `logprobs_mode="processed_logprobs"`,
   and the role's schema as structured output under `rl.decoding: deployed`);
@@ -37,9 +37,10 @@ import time
 from typing import Any
 
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import CallSpec
+from maps_train.llm.call_spec import CallSpec
 from maps_train.llm.hf_backend import cut_at_eos
 from maps_train.rl.policy import Drawn
+from maps_train.train import internals
 
 # TRL's `vllm-serve` builds its SamplingParams from plain keyword arguments: a JSON schema has no way in.
 SERVER_TAKES_NO_SCHEMA = ("rl.decoding: 'deployed' samples structured roles under their schema, which TRL's "
@@ -51,20 +52,20 @@ class VLLMSampler:
     """The policy's draws from TRL's vLLM engine (colocate) or server, each row as its `CallSpec` says."""
 
     def __init__(self, generation: Any, eos_token_ids: list[int]):
-        self.generation = generation  # trl's VLLMGeneration: `.mode`, and `.llm` (colocate) or a client (server)
+        self.generation = generation  # trl's VLLMGeneration, read through `train.internals`
         self.eos_token_ids = eos_token_ids
         self._client = None
 
     def draw(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
-        if self.generation.mode == "colocate":
+        if internals.generation_mode(self.generation) == "colocate":
             return self._draw_colocated(prompts, specs)
         return [self._draw_served(ids, spec) for ids, spec in zip(prompts, specs)]
 
     def _draw_colocated(self, prompts: list[list[int]], specs: list[CallSpec]) -> list[Drawn]:
         params = [sampling_params(spec) for spec in specs]
         start = time.perf_counter()
-        outputs = self.generation.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params=params,
-                                               use_tqdm=False)
+        llm = internals.colocated_llm(self.generation)
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params=params, use_tqdm=False)
         latency = (time.perf_counter() - start) / max(1, len(prompts))  # one batch: its time shared out
         drawn = []
         for output in outputs:
@@ -99,20 +100,13 @@ class VLLMSampler:
         """TRL's client on rank 0; elsewhere a client of our own to the same server (generation only: the weights
         are rank 0's to push)."""
         if self._client is None:
-            self._client = getattr(self.generation, "vllm_client", None)
+            self._client = internals.server_client(self.generation)
             if self._client is None:
                 from trl.generation.vllm_client import VLLMClient
 
-                self._client = VLLMClient(base_url=server_url(self.generation),
-                                          connection_timeout=self.generation.server_timeout)
+                url, timeout = internals.server_address(self.generation)
+                self._client = VLLMClient(base_url=url, connection_timeout=timeout)
         return self._client
-
-
-def server_url(generation: Any) -> str:
-    """The server TRL's `VLLMGeneration` talks to: its base URL, else host and port."""
-    if generation.server_base_url:
-        return generation.server_base_url
-    return f"http://{generation.server_host}:{generation.server_port}"
 
 
 def sampling_params(spec: CallSpec):

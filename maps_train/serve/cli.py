@@ -7,7 +7,7 @@ import time
 
 import typer
 
-from maps_train.plan.preflight import no_plan_option, preflight
+from maps_train.preflight_hook import no_plan_option, preflight
 
 
 def register(app: typer.Typer) -> None:
@@ -21,10 +21,15 @@ def register(app: typer.Typer) -> None:
             False, "--adapters-later",
             help="Start before the adapters exist (LoRA slots, runtime loading on); `maps-train load-adapters` "
                  "loads them once trained."),
+        adapters: str = typer.Option(
+            None, "--adapters",
+            help="An adapter set (a folder with adapters.json: what train, rl or distill-on-policy wrote); default: "
+                 "serve.adapters_dir, else train.output_dir."),
         no_plan: bool = no_plan_option(),
     ) -> None:
         """Start `vllm serve` with the role adapters, wait until healthy, print the routing; Ctrl-C stops it."""
         preflight("serve", recipe, overrides, skip=no_plan)
+        from maps_train.adapters import distilled_set, load_set
         from maps_train.config.redaction import redact_secrets
         from maps_train.config.yaml_io import dump_yaml
         from maps_train.errors import MapsTrainError
@@ -33,7 +38,8 @@ def register(app: typer.Typer) -> None:
         from maps_train.serve.server import VLLMServer
 
         loaded = load_recipe(recipe, overrides or [])
-        plan = plan_server(loaded, adapters_later=adapters_later)
+        adapter_set = load_set(adapters, loaded) if adapters else distilled_set(loaded)
+        plan = plan_server(loaded, adapter_set, adapters_later=adapters_later)
         # printed output ends up in terminals, logs (the demo's serve.log) and bug reports: never echo a key
         typer.echo("command: " + plan.shown_command())
         typer.echo("memory: " + plan.memory)
@@ -60,12 +66,17 @@ def register(app: typer.Typer) -> None:
         recipe: str = typer.Argument(..., help="The distillation recipe whose trained adapters to load."),
         overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. serve.port=8100"),
         url: str = typer.Option(None, help="The server's /v1 URL (default: the recipe's serve host and port)."),
+        adapters: str = typer.Option(
+            None, "--adapters", help="An adapter set (default: serve.adapters_dir, else train.output_dir)."),
     ) -> None:
         """Load the recipe's trained role adapters into a running `maps-train serve --adapters-later` server."""
+        from maps_train.adapters import distilled_set, load_set
         from maps_train.recipe import load_recipe
         from maps_train.serve.load import load_adapters as load
 
-        load(load_recipe(recipe, overrides or []), url=url, echo=typer.echo)
+        loaded = load_recipe(recipe, overrides or [])
+        adapter_set = load_set(adapters, loaded) if adapters else distilled_set(loaded)
+        load(loaded, url=url, echo=typer.echo, adapter_set=adapter_set)
 
 
 def _interrupt(signum, frame) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from maps_train.adapters import AdapterSet, distilled_set
 from maps_train.errors import MapsTrainError
 from maps_train.serve.plan import RUNTIME_LORA_ENV, check_adapters
 
@@ -39,10 +40,11 @@ def _refusal(response: httpx.Response) -> str:
     return " ".join(str(message or body).split())[:300]
 
 
-def load_adapters(recipe, url: str | None = None, timeout_s: float = 300.0, echo=print) -> dict[str, str]:
-    """Load every adapter of `recipe` into the server at `url` (default: the recipe's serve host and port);
-    returns name -> folder of what it serves now."""
-    _, adapters, _ = check_adapters(recipe)
+def load_adapters(recipe, url: str | None = None, timeout_s: float = 300.0, echo=print,
+                  adapter_set: AdapterSet | None = None) -> dict[str, str]:
+    """Load every adapter with weights of `adapter_set` (default: the recipe's distilled set) into the server at
+    `url` (default: the recipe's serve host and port); returns name -> folder of what it serves now."""
+    _, adapters, _ = check_adapters(recipe, adapter_set if adapter_set is not None else distilled_set(recipe))
     url = (url or f"http://{recipe.serve.host}:{recipe.serve.port}/v1").rstrip("/")
     present = served_adapters(url)
     for name, folder in adapters.items():

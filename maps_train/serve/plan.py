@@ -1,4 +1,5 @@
-"""From a distillation recipe to a vLLM multi-LoRA server command and the role routing that uses it."""
+"""From a distillation recipe and an adapter set (`maps_train.adapters`) to a vLLM multi-LoRA server command and the
+role routing that uses it (the set's own routes, by served adapter name)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from maps_train.adapters import AdapterSet, distilled_set, student_routes
+from maps_train.adapters.student import student_base
 from maps_train.config.redaction import redact_secrets
 from maps_train.errors import MapsTrainError
 from maps_train.library_options import LoraOptions
-from maps_train.llm.common import model_can_think
+from maps_train.llm.thinking import model_can_think
 from maps_train.models.resolve import resolve_model
 from maps_train.platform import cpu_scheduler_kwargs, lora_slots, vllm_dtype, vllm_on_cpu
-from maps_train.recipe import Recipe, RoleRoute, adapter_names, adapter_of_role
+from maps_train.recipe import Recipe, RoleRoute, adapter_names
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for /v1/load_lora_adapter
 
@@ -36,12 +39,6 @@ class ServerPlan:
         """The command as printed or logged: secrets (`--api-key` in `serve.extra_args`, a URL's user:password) as
         ***. `command` itself, which starts the server, keeps them."""
         return shlex.join(redact_secrets(self.command))
-
-
-def adapter_paths(recipe: Recipe) -> dict[str, Path]:
-    """Adapter name -> folder, as the training stage writes them (`<train.output_dir>/<adapter>`)."""
-    root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
-    return {name: root / name for name in adapter_names(recipe)}
 
 
 def _read_adapter_config(name: str, folder: Path) -> dict:
@@ -65,15 +62,15 @@ def _same_base(recorded: str | None, base: str, base_name: str) -> bool:
         return False
 
 
-def check_adapters(recipe: Recipe) -> tuple[str, dict[str, Path], int]:
-    """Paths exist, each passes the vLLM adapter check, all were trained on this base; returns the max rank. An
-    adapter that learned nothing (no SFT rows: `train.unlearned`) has no weights to load; the base serves its roles."""
+def check_adapters(recipe: Recipe, adapter_set: AdapterSet) -> tuple[str, dict[str, Path], int]:
+    """The adapters of `adapter_set` with weights exist, each passes the vLLM adapter check, all were trained on
+    this base; returns the max rank. An adapter that learned nothing (no SFT rows: `train.unlearned`) has no
+    weights to load; the base serves its roles."""
     from maps_train.train.adapter_check import allowed_lora_ranks, check_adapter
-    from maps_train.train.sft import learned_nothing
 
-    base_name = recipe.serve.base_model or recipe.train.student
+    base_name = student_base(recipe)
     base = resolve_model(base_name)
-    adapters = {name: folder for name, folder in adapter_paths(recipe).items() if not learned_nothing(folder)}
+    adapters = adapter_set.served()
     ranks = []
     for name, folder in adapters.items():
         config = _read_adapter_config(name, folder)
@@ -114,19 +111,21 @@ def planned_rank(recipe: Recipe) -> int:
     return rank
 
 
-def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
-    """The `vllm serve` command for the recipe's student base and role adapters.
+def plan_server(recipe: Recipe, adapter_set: AdapterSet | None = None, adapters_later: bool = False) -> ServerPlan:
+    """The `vllm serve` command for the recipe's student base and the role adapters of `adapter_set` (default: the
+    recipe's distilled set, `adapters.distilled_set`).
 
     `adapters_later`: start before the adapters exist (the demo serves the teacher's traces from the same server
     before training): LoRA slots for every adapter the recipe trains and vLLM's runtime adapter loading switched on,
     no adapter loaded; `load_adapters()` loads them once trained, checked the same way."""
+    adapter_set = adapter_set if adapter_set is not None else distilled_set(recipe)
     if adapters_later:
-        base = resolve_model(recipe.serve.base_model or recipe.train.student)
-        adapters, max_rank = adapter_paths(recipe), planned_rank(recipe)
+        base = resolve_model(student_base(recipe))
+        adapters, max_rank = adapter_set.served(), planned_rank(recipe)
         loaded: list[str] = []
         env = {RUNTIME_LORA_ENV: "True"}
     else:
-        base, adapters, max_rank = check_adapters(recipe)
+        base, adapters, max_rank = check_adapters(recipe, adapter_set)
         loaded = ["--lora-modules", *[f"{name}={folder}" for name, folder in adapters.items()]]
         env = {}
     serve, backend = recipe.serve, recipe.backend
@@ -170,7 +169,8 @@ def plan_server(recipe: Recipe, adapters_later: bool = False) -> ServerPlan:
     command += serve.extra_args
     url = f"http://{serve.host}:{serve.port}/v1"
     return ServerPlan(base, {k: str(v) for k, v in adapters.items()}, max_rank, command, url,
-                      distilled_routes(recipe, via="server", base=base), backend.cpu_kv_cache_gib, env, memory)
+                      student_routes(recipe, adapter_set, via="server", base=base), backend.cpu_kv_cache_gib, env,
+                      memory)
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class ServerSize:
 
 
 def server_size(recipe: Recipe) -> ServerSize:
-    return ServerSize(recipe.serve.base_model or recipe.train.student, len(adapter_names(recipe)),
+    return ServerSize(student_base(recipe), len(adapter_names(recipe)),
                       planned_rank(recipe), recipe.serve.tensor_parallel_size, server_memory_fraction(recipe))
 
 
@@ -195,71 +195,3 @@ def server_memory_fraction(recipe: Recipe) -> float:
     """The share of each GPU `maps-train serve` gives vLLM: `serve.gpu_memory_utilization`, else the backend's
     (vLLM's own default, 0.9, is never left to apply: the plan budgets this fraction)."""
     return recipe.serve.gpu_memory_utilization or recipe.backend.gpu_memory_utilization
-
-
-def distilled_routes(recipe: Recipe, via: str = "engine", base: str | None = None) -> dict[str, RoleRoute]:
-    """Role -> route for the distilled student: `engine` (offline vLLM, adapter folder) or `server` (adapter name)."""
-    if via not in ("engine", "server"):
-        raise MapsTrainError(f"distilled routes: via must be 'engine' or 'server', got '{via}'")
-    base_name = recipe.serve.base_model or recipe.train.student
-    template = recipe.route("default") if "default" in recipe.roles else RoleRoute()
-    paths = adapter_paths(recipe)
-    routes = {}
-    for role, adapter in adapter_of_role(recipe).items():
-        adapter_ref = adapter if via == "server" else str(paths[adapter])
-        if role in untrained_roles(paths[adapter]):
-            adapter_ref = None  # the adapter never learned this role: the base model answers it
-        routes[role] = dataclasses.replace(
-            template,
-            backend="openai" if via == "server" else "vllm",
-            model=base or base_name,
-            adapter=adapter_ref,
-            enable_thinking=recipe.sft_data.enable_thinking,
-        )
-    return routes
-
-
-def _recorded(folder: Path, file: str, key: str):
-    """`key` of the JSON object in `folder/file` (an adapter's record); None when the file, the object or the key
-    is missing or unreadable."""
-    try:
-        record = json.loads((Path(folder) / file).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record.get(key) if isinstance(record, dict) else None
-
-
-def untrained_roles(folder: Path) -> set[str]:
-    """The roles an adapter's training summary says it saw no row of (`rows_per_role`, e.g. a role under
-    `sft_data.min_rows_per_role`); empty when the folder has no summary or the summary does not say."""
-    from maps_train.train.sft import SUMMARY_FILE
-
-    counts = _recorded(folder, SUMMARY_FILE, "rows_per_role")
-    if not isinstance(counts, dict):
-        return set()
-    return {role for role, rows in counts.items() if rows == 0}
-
-
-def learned_roles(folder: Path) -> set[str] | None:
-    """The trace roles an adapter folder learned, by its own record: an SFT adapter's roles with rows
-    (`rows_per_role` in train_summary.json), an RL adapter's `trained_roles` (rl_summary.json); None when neither
-    says (a folder from elsewhere, or written before these records)."""
-    from maps_train.train.markers import RL_SUMMARY_FILE
-    from maps_train.train.sft import SUMMARY_FILE
-
-    for file, key in ((RL_SUMMARY_FILE, "trained_roles"), (SUMMARY_FILE, "rows_per_role")):
-        roles = _recorded(folder, file, key)
-        if isinstance(roles, dict):
-            return {role for role, rows in roles.items() if rows}
-        if isinstance(roles, list):
-            return set(roles)
-    return None
-
-
-def with_distilled_routes(recipe: Recipe, via: str = "engine") -> Recipe:
-    """A copy of `recipe` whose roles are the distilled student's (the teacher's routes are replaced), and whose
-    engines run at the student's tensor parallelism (`serve.tensor_parallel_size`), not the teacher's."""
-    routes = distilled_routes(recipe, via=via)
-    routes["default"] = routes.get("consolidator") or next(iter(routes.values()))
-    backend = dataclasses.replace(recipe.backend, tensor_parallel_size=recipe.serve.tensor_parallel_size)
-    return dataclasses.replace(recipe, roles=routes, backend=backend)

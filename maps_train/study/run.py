@@ -7,109 +7,116 @@ Does training make the agent better at its job? The study answers on real questi
     sft-data    rows kept per role by their credit (`sft_data.filter: role`, `maps-train sft-data`)
     train       one LoRA adapter per role (`maps-train train --role all`)
     rl          GRPO on `rl.roles` from the SFT adapters (`maps-train rl`; only with --rl)
-    eval        the suite on the dev questions: Vanilla RAG and every stage, with the deployed decoding
-    report      <out>/STUDY.md: per system the means, and between consecutive stages and against Vanilla RAG the
-                paired bootstrap 95% intervals (`evaluate.paired`), with each stage's time
+    eval        every system of the suite on the dev questions, with the deployed decoding (systems serving the RL
+                stage's adapters only with --rl: without it they are dropped, in one printed line and in STUDY.md,
+                so the default command runs on the default suite); refused when a dev question was trained on
+    report      <out>/STUDY.md (`study.report`): the split's digest, per system the means, the paired bootstrap 95%
+                intervals (`evaluate.paired`; --base and --baseline against each system), the transfer
+                towards a `teacher` where the results hold one, each stage's time
 
-Each stage is the command a user would run, printed before it runs, so any one can be rerun by hand, and each
-resumes where a killed study stopped. Suite overrides after the suite (e.g. `datasets=[...]`) go to the eval, so
-the same adapters can be evaluated on other questions.
+Everything is checked before the first stage (`study.preflight`): the recipe, the suite with its overrides, the
+data set files, the sizes, and each stage folder's record of what made it (`study.stamps`, `study.keys`): a rerun
+with other settings is refused in one line naming what differs, or with `--rebuild-from STAGE` rebuilds from that
+stage on. Each stage is the command a user would run, printed before it runs, so any one can be rerun by hand, and
+each resumes where a killed study stopped; a finished stage made with the same settings is reused. Suite overrides
+after the suite (e.g. `datasets=[...]`) go to the eval, so the same adapters can be evaluated on other questions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import time
 from pathlib import Path
 
 import typer
 
-from maps_train.demo import _environment, _run_step
+from maps_train.demo import _environment
 from maps_train.errors import MapsTrainError
-from maps_train.evaluate.paired import MEASURES, SCORES, comparison_table
-from maps_train.evaluate.results import read_results
 from maps_train.paths import write_text_atomic
+from maps_train.runlock import sole_writer
+from maps_train.study.preflight import StudyPlan, check_dev_untrained, plan_study
+from maps_train.study.report import write_study_report
 from maps_train.study.split import SPLIT_FILE, split_questions
+from maps_train.study.stamps import STAGE_ORDER, Stage, read_stamp, remove_stages, write_stamp
+from maps_train.study.steps import MODEL_STAGES, cores_turn, run_stage
 
-# The stages in their order, as the systems of eval/suites/learning_study.yaml name them.
-STAGES = ("maps_base", "maps_sft", "maps_rl")
-BASELINE = "vanilla_rag"
 TIMES_FILE = "times.json"
+BASE = "maps_base"  # the defaults of --base and --baseline: eval/suites/learning_study.yaml's names
+BASELINE = "vanilla_rag"
+STUDY_LOCK = ".study.lock"
 
 
-def study_pairs(systems: list[str]) -> list[tuple[str, str]]:
-    """Consecutive stages, then every stage against Vanilla RAG, among the systems the results hold."""
-    stages = [s for s in STAGES if s in systems]
-    pairs = list(zip(stages, stages[1:]))
-    if BASELINE in systems:
-        pairs += [(BASELINE, stage) for stage in stages]
-    return pairs
+def stage_commands(plan: StudyPlan, recipe: str, suite: str, suite_overrides: list[str]) -> dict[str, list[str]]:
+    """The maps-train command of each stage after the split."""
+    systems = [arg for name in plan.systems for arg in ("--system", name)]
+    return {"traces": ["traces", recipe], "sft-data": ["sft-data", recipe], "train": ["train", recipe, "--role", "all"],
+            "rl": ["rl", recipe], "eval": ["eval", suite, *suite_overrides, *systems]}
 
 
-def means_table(rows: list[dict], systems: list[str]) -> str:
-    """Per system: questions and the mean of every measure (scores x 100)."""
-    header = "| system | questions | " + " | ".join(MEASURES[m][0] for m in MEASURES) + " |"
-    lines = [header, "|---|---:|" + "---:|" * len(MEASURES)]
-    for system in systems:
-        mine = [row for row in rows if row.get("system") == system]
-        cells = []
-        for measure, (_, read) in MEASURES.items():
-            values = [v for v in (read(row) for row in mine) if v is not None]
-            mean = sum(values) / len(values) if values else float("nan")
-            cells.append(f"{mean * 100:.1f}" if measure in SCORES else f"{mean:,.1f}")
-        lines.append(f"| {system} | {len(mine)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def split_digest(out: Path) -> str:
+    return hashlib.sha256((out / "split" / SPLIT_FILE).read_bytes()).hexdigest()
 
 
-def write_study_report(results_path: Path, out: Path, times: dict[str, float]) -> Path:
-    rows = read_results(results_path)
-    if not rows:
-        raise MapsTrainError(f"{results_path}: no results to report")
-    systems = [s for s in (BASELINE, *STAGES) if any(row.get("system") == s for row in rows)]
-    datasets = sorted({str(row.get("dataset")) for row in rows})
-    parts = ["# Learning study", "", f"Results: `{results_path}`; data sets: {', '.join(datasets)}.", "",
-             "## Means on dev (scores x 100; costs per question)", "", means_table(rows, systems), "",
-             "## Paired differences (B - A; 95% paired bootstrap interval, 10,000 resamples)", "",
-             comparison_table(rows, study_pairs(systems)), ""]
-    for dataset in datasets:
-        parts += [f"### {dataset}", "",
-                  comparison_table(rows, study_pairs(systems), ["evidence_recall", "em", "f1", "retrievals"],
-                                   datasets={dataset}), ""]
-    if times:
-        parts += ["## Stage times", "", "| stage | seconds |", "|---|---:|"]
-        parts += [f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items()] + [""]
-    report = out / "STUDY.md"
-    write_text_atomic(report, "\n".join(parts))
-    return report
+def _finished(stage: Stage) -> bool:
+    record = read_stamp(stage)
+    return bool(record and record.get("key") == stage.key and record.get("done"))
 
 
 def run_study(recipe: str, suite: str, suite_overrides: list[str], *, data_root: str, out: Path, dev: int,
-              train: int, seed: int, rl: bool) -> Path:
+              train: int, seed: int, rl: bool, base: str = BASE, baseline: str = BASELINE,
+              rebuild_from: str | None = None, stop_after: str | None = None) -> Path | None:
+    """The study (module docstring); returns STUDY.md's path (None with --stop-after before the report)."""
+    plan = plan_study(recipe, suite, suite_overrides, data_root=data_root, out=out, dev=dev, train=train, seed=seed,
+                      rl=rl, base=base, baseline=baseline, rebuild_from=rebuild_from)
+    names = [stage.name for stage in plan.stages]
+    if stop_after is not None and stop_after not in names:
+        raise MapsTrainError(f"--stop-after {stop_after}: not a stage of this study ({', '.join(names)})")
     env = _environment()
     logs = out / "logs"
     times_path = out / TIMES_FILE
-    times: dict[str, float] = json.loads(times_path.read_text()) if times_path.is_file() else {}
+    with sole_writer(out, "maps-train study", STUDY_LOCK):
+        times: dict[str, float] = json.loads(times_path.read_text()) if times_path.is_file() else {}
+        if plan.to_remove:
+            remove_stages(plan.to_remove)
+            typer.echo(f"rebuilding from {rebuild_from}: removed {', '.join(str(s.folder) for s in plan.to_remove)}")
+            for stage in plan.to_remove:
+                times.pop(stage.name, None)
+        if plan.dropped:
+            typer.echo(f"not evaluated: {', '.join(plan.dropped)} (they serve the RL stage's adapters; add --rl)")
+        commands = stage_commands(plan, recipe, suite, suite_overrides)
 
-    def stage(name: str, args: list[str]) -> None:
-        times[name] = times.get(name, 0.0) + _run_step(name, args, logs, env)
-        write_text_atomic(times_path, json.dumps(times, indent=1) + "\n")
+        def record_time(name: str, seconds: float) -> None:
+            times[name] = times.get(name, 0.0) + seconds
+            write_text_atomic(times_path, json.dumps(times, indent=1) + "\n")
 
-    start = time.perf_counter()
-    record = split_questions(data_root, out / "split", dev=dev, train=train, seed=seed)
-    typer.echo(f"split: dev {sum(map(len, record['dev'].values()))}, train {sum(map(len, record['train'].values()))} "
-               f"questions (seed {seed}; {out / 'split' / SPLIT_FILE})")
-    times["split"] = time.perf_counter() - start
-    stage("traces", ["traces", recipe])
-    stage("sft-data", ["sft-data", recipe])
-    stage("train", ["train", recipe, "--role", "all"])
-    if rl:
-        stage("rl", ["rl", recipe])
-    systems = [] if rl else ["--system", BASELINE, "--system", STAGES[0], "--system", STAGES[1]]
-    stage("eval", ["eval", suite, *suite_overrides, *systems])
-    from maps_train.evaluate.suite import load_suite
-
-    config = load_suite(suite, suite_overrides)
-    report = write_study_report(Path(config.out_dir) / "results.jsonl", out, times)
+        for stage in plan.stages:
+            if stage.name != "eval" and _finished(stage):
+                typer.echo(f"{stage.name}: reused ({stage.folder}, made with the same settings)")
+            else:
+                if stage.name == "eval":  # before anything of the eval is written
+                    checked = check_dev_untrained(plan.suite, suite, plan.recipe)
+                    typer.echo(f"eval: {checked} dev questions, none in the training traces or questions")
+                write_stamp(stage, done=False)
+                if stage.name == "split":
+                    start = time.perf_counter()
+                    record = split_questions(data_root, out / "split", dev=dev, train=train, seed=seed)
+                    record_time("split", time.perf_counter() - start)
+                    typer.echo(f"split: dev {sum(map(len, record['dev'].values()))}, train "
+                               f"{sum(map(len, record['train'].values()))} questions (seed {seed}; "
+                               f"{out / 'split' / SPLIT_FILE})")
+                else:
+                    with cores_turn(stage.name) if stage.name in MODEL_STAGES else contextlib.nullcontext():
+                        record_time(stage.name, run_stage(stage.name, commands[stage.name], logs, env))
+                write_stamp(stage, done=True, **({"split_sha256": split_digest(out)} if stage.name == "split" else {}))
+            if stage.name == stop_after:
+                typer.echo(f"stopped after {stage.name} (--stop-after)")
+                return None
+        report = write_study_report(Path(plan.suite.out_dir) / "results.jsonl", out, times, systems=plan.systems,
+                                    base=base, baseline=baseline, rl_systems=plan.rl_systems, dropped=plan.dropped,
+                                    datasets=[spec.name for spec in plan.suite.datasets],
+                                    split_digest=split_digest(out))
     typer.echo(f"\nstudy report: {report}")
     return report
 
@@ -121,12 +128,19 @@ def register(app: typer.Typer) -> None:
         suite: str = typer.Argument("eval/suites/learning_study.yaml", help="The dev evaluation suite."),
         overrides: list[str] = typer.Argument(None, help="Suite overrides for the eval, e.g. datasets=[...]"),
         data_root: str = typer.Option("../shared/realdata", help="Where the QA sets are read (never copied)."),
-        out: str = typer.Option("runs/learning-study", help="The study's folder (split, logs, STUDY.md)."),
+        out: str = typer.Option("runs/learning-study", help="The study's folder (split, logs, STUDY.md); the recipe's "
+                                "traces.questions must read <out>/split/train.jsonl."),
         dev: int = typer.Option(38, help="Dev questions per data set (never trained on)."),
         train: int = typer.Option(25, help="Train questions per data set."),
         seed: int = typer.Option(0, help="The split's seed."),
-        rl: bool = typer.Option(False, "--rl", help="Also run the RL stage and evaluate it (maps_rl)."),
+        rl: bool = typer.Option(False, "--rl", help="Also run the RL stage and evaluate the systems that serve its "
+                                "adapters (without it they are dropped, with a line saying so)."),
+        base: str = typer.Option(BASE, help="The suite's untrained system: each trained system is compared with it."),
+        baseline: str = typer.Option(BASELINE, help="The suite's baseline: every other system is compared with it."),
+        rebuild_from: str = typer.Option(None, help="Remove the stage folders this study made from this stage on "
+                                         f"({', '.join(STAGE_ORDER)}) and make them again with this run's settings."),
+        stop_after: str = typer.Option(None, help="Stop after this stage (e.g. train: adapters without the eval)."),
     ) -> None:
         """The learning study: split, traces, credit-filtered SFT (and RL), dev eval, paired intervals."""
         run_study(recipe, suite, overrides or [], data_root=data_root, out=Path(out), dev=dev, train=train,
-                  seed=seed, rl=rl)
+                  seed=seed, rl=rl, base=base, baseline=baseline, rebuild_from=rebuild_from, stop_after=stop_after)

@@ -56,13 +56,17 @@ def _shuffled(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def split_questions(data_root: str | Path, out: str | Path, *, dev: int, train: int, seed: int = 0,
-                    sources: tuple[SplitSource, ...] = SOURCES) -> dict[str, Any]:
-    """Write the split (see the module docstring); returns what `split.json` holds. Rerun with the same settings,
-    it writes the same files."""
-    root, out = Path(data_root), Path(out)
+def draw_split(data_root: str | Path, *, dev: int, train: int, seed: int = 0,
+               sources: tuple[SplitSource, ...] = SOURCES) -> tuple[dict[str, Any], dict[str, list], list]:
+    """The split, drawn and checked, nothing written: (what `split.json` holds, dev rows per data set, train rows).
+    A one-line error when a source has too few questions for the sizes asked."""
+    root = Path(data_root)
+    if dev < 1 or train < 1:
+        raise MapsTrainError(f"--dev {dev} --train {train}: a study needs at least 1 dev and 1 train question per "
+                             "data set")
     record: dict[str, Any] = {"seed": seed, "dev_per_dataset": dev, "train_per_dataset": train, "sources": {},
                               "dev": {}, "train": {}}
+    dev_sets: dict[str, list[dict[str, Any]]] = {}
     train_rows: list[dict[str, Any]] = []
     for source in sources:
         dev_pool = _shuffled(_rows_with_gold(root / source.dev_file), seed)
@@ -76,11 +80,22 @@ def split_questions(data_root: str | Path, out: str | Path, *, dev: int, train: 
                                  f"with gold passages, fewer than the {dev} and {train} asked for")
         for row in dev_rows + picked:
             row["dataset"] = source.dataset
-        _write_jsonl(out / "dev" / f"{source.dataset}.jsonl", dev_rows)
+        dev_sets[source.dataset] = dev_rows
         train_rows += picked
         record["sources"][source.dataset] = {"dev": source.dev_file, "train": source.train_file or source.dev_file}
         record["dev"][source.dataset] = [str(row["id"]) for row in dev_rows]
         record["train"][source.dataset] = [str(row["id"]) for row in picked]
+    return record, dev_sets, train_rows
+
+
+def split_questions(data_root: str | Path, out: str | Path, *, dev: int, train: int, seed: int = 0,
+                    sources: tuple[SplitSource, ...] = SOURCES) -> dict[str, Any]:
+    """Write the split (see the module docstring); returns what `split.json` holds. Rerun with the same settings,
+    it writes the same files. Nothing is written unless every source can give the sizes asked."""
+    out = Path(out)
+    record, dev_sets, train_rows = draw_split(data_root, dev=dev, train=train, seed=seed, sources=sources)
+    for dataset, rows in dev_sets.items():
+        _write_jsonl(out / "dev" / f"{dataset}.jsonl", rows)
     _write_jsonl(out / "train.jsonl", train_rows)
     write_text_atomic(out / SPLIT_FILE, json.dumps(record, indent=1) + "\n")
     return record
@@ -91,4 +106,4 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-__all__ = ["SOURCES", "SPLIT_FILE", "SplitSource", "split_questions"]
+__all__ = ["SOURCES", "SPLIT_FILE", "SplitSource", "draw_split", "split_questions"]

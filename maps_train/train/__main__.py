@@ -20,7 +20,8 @@ maps-train train recipes/distill/qwen3-4b.yaml --role all --accelerate-config re
 
 Reads `<sft>/<adapter>/train.jsonl` (and `eval.jsonl` when present: its loss is logged every `eval_steps`; `<sft>`
 is train.sft_dir, else where `maps-train sft-data` wrote the recipe's sets), writes the adapter to
-`<train.output_dir>/<adapter>/` (weights, adapter_config.json, train_summary.json; no tokenizer files) and
+`<train.output_dir>/<adapter>/` (weights, adapter_config.json, train_summary.json; no tokenizer files), the
+adapter set's manifest `<train.output_dir>/adapters.json` (`maps_train.adapters`), and
 trainer checkpoints to `<train.output_dir>/_trainer/<adapter>/`, beside the Trainer's own records of the run
 (`trainer_state.json`: global step and log history, every loss and eval loss; `train_results.json`,
 `eval_results.json`, `all_results.json`: its final metrics). train_summary.json holds only what the Trainer does not
@@ -38,7 +39,7 @@ import sys
 import time
 
 from maps_train.errors import MapsTrainError
-from maps_train.library_options import LoraOptions, SFTOptions
+from maps_train.library_options import LoraOptions, SFTOptions, check_library_sections
 from maps_train.platform import apply_runtime_defaults
 
 logger = logging.getLogger("maps_train.train")
@@ -63,6 +64,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     from maps_train.train.adapter_check import require_valid_adapter
     from maps_train.train.lm_head import score_labelled_positions_only
 
+    check_library_sections(recipe, "train")  # train.sft and train.lora as TRL and PEFT type them
     state = sft.distributed_state()
     out_dir = sft.adapter_output_dir(recipe, adapter)
     if sft.is_trained(recipe, adapter) and not overwrite:
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         for adapter in adapters:
             with sft.sole_trainer(recipe, adapter, state):  # one writer of an adapter's checkpoints
                 train_one(recipe, adapter, overwrite=args.overwrite)
+                if state.is_main_process:  # the set's manifest, after every adapter (one launch may train one)
+                    sft.write_adapter_set(recipe)
     except MapsTrainError as err:
         print(f"maps-train: error: {redact_text(str(err))}", file=sys.stderr)
         return 2

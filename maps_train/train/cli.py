@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from maps_train.plan.preflight import no_plan_option, preflight
+from maps_train.preflight_hook import no_plan_option, preflight
 
 
 def register(app: typer.Typer) -> None:
@@ -38,12 +38,13 @@ def register(app: typer.Typer) -> None:
                  "one machine without either: a free port)."),
         no_plan: bool = no_plan_option(),
     ) -> None:
-        """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`."""
+        """LoRA SFT of the student: each adapter in its own `accelerate launch -m maps_train.train`, or all of
+        them in one launch (train.one_launch); an adapter with no SFT rows is recorded, not trained."""
         preflight("train", recipe, overrides, skip=no_plan, accelerate_config=accelerate_config,
                   num_machines=num_machines)
+        from maps_train.adapters.set import learned_nothing
         from maps_train.train.adapter_check import check_adapter
         from maps_train.train.launch import Machines, train_all
-        from maps_train.train.sft import learned_nothing
 
         machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
         folders = train_all(
@@ -68,11 +69,18 @@ def register(app: typer.Typer) -> None:
         folders: list[str] = typer.Argument(..., help="Adapter folders."),
         base_model: str = typer.Option(None, "--base-model", help="Also compare layer sizes with this model."),
     ) -> None:
-        """Check that adapters are ones vLLM multi-LoRA serves (rank, modules, no vocab changes, no tokenizer)."""
+        """Check that adapters are ones vLLM multi-LoRA serves (rank, modules, no vocab changes, no tokenizer); a
+        folder whose record says it learned nothing is no adapter to serve (exit 1)."""
+        from maps_train.adapters.set import learned_nothing
         from maps_train.train.adapter_check import check_adapter
 
         failed = 0
         for folder in folders:
+            if learned_nothing(folder):  # its record says so: serve, eval and RL ignore whatever weights it holds
+                failed += 1
+                typer.echo(f"{folder}: learned nothing (its train_summary.json: no SFT rows): no adapter to serve; "
+                           "the base model serves its roles")
+                continue
             problems = check_adapter(folder, base_model)
             if problems:
                 failed += 1

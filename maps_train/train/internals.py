@@ -1,4 +1,4 @@
-"""Every place maps-train reaches inside TRL or vLLM, past their public APIs, in one module.
+"""Every place maps-train reaches inside TRL, past its public API, in one module (vLLM's: `llm/vllm_internals.py`).
 
 Each is a name a minor release may move, so each is used through a function here, and the versions these were
 written against are the bounds in `pyproject.toml` (`trl>=1.16,<1.17`; vLLM pinned per machine set). A TRL
@@ -10,6 +10,8 @@ outside them still runs; `check_trl_version` says once that these accesses are u
 - TRL's colocated vLLM engine: `trl.generation.vllm_generation.LLM` (started with the dtype our engines get on
   vLLM-CPU), `VLLMGeneration.sync_weights` replaced there by vLLM's in-place reload (the worker's
   `model_runner.reload_weights`) fed by TRL's own stream of merged weights, `VLLMGeneration._iter_named_params`.
+- TRL's vLLM generation as the RL sampler draws from it: `GRPOTrainer.vllm_generation`, its `mode`, its
+  colocated `llm`, and in server mode its `vllm_client` and the server's address and timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
+
+from maps_train.llm.vllm_internals import model_runner
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +98,43 @@ def reload_weights_in_place(generation: Any) -> None:
     """Push the policy's current weights into TRL's colocated engine through vLLM's in-place reload: TRL's own
     stream (the PEFT adapter merged into the base, named as vLLM names them, unmerged afterwards), so only the
     receiving end differs from TRL's sync."""
-    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner = model_runner(generation.llm)
     runner.reload_weights(weights_iterator=generation._iter_named_params(), is_checkpoint_format=True)
     generation.llm.reset_prefix_cache()
 
 
-def sync_weights_in_place(generation: Any) -> None:
+def sync_weights_in_place(trainer_or_generation: Any) -> None:
     """TRL's colocated weight sync replaced by `reload_weights_in_place` (vLLM-CPU refuses TRL's `load_weights`
-    once it has repacked its linear layers)."""
+    once it has repacked its linear layers). Takes the `GRPOTrainer` (or its `vllm_generation`)."""
+    generation = getattr(trainer_or_generation, "vllm_generation", trainer_or_generation)
     generation.sync_weights = partial(reload_weights_in_place, generation)
+
+
+# -- TRL's vLLM generation, drawn from directly by the RL sampler -------------------------------------------------
+
+
+def trl_generation(trainer: Any) -> Any:
+    """The `GRPOTrainer`'s `VLLMGeneration` (`use_vllm=True`)."""
+    return trainer.vllm_generation
+
+
+def generation_mode(generation: Any) -> str:
+    """"colocate" (an engine in this process) or "server" (`trl vllm-serve`)."""
+    return generation.mode
+
+
+def colocated_llm(generation: Any) -> Any:
+    """The `vllm.LLM` TRL started in this process (colocate mode)."""
+    return generation.llm
+
+
+def server_client(generation: Any) -> Any | None:
+    """TRL's own `VLLMClient` (server mode, rank 0), else None."""
+    return getattr(generation, "vllm_client", None)
+
+
+def server_address(generation: Any) -> tuple[str, float]:
+    """The server TRL's `VLLMGeneration` talks to (its base URL, else host and port) and its connection timeout."""
+    if generation.server_base_url:
+        return generation.server_base_url, generation.server_timeout
+    return f"http://{generation.server_host}:{generation.server_port}", generation.server_timeout

@@ -190,11 +190,13 @@ def train_all(
     On a machine other than the main one (machine rank > 0) nothing is written here: the adapters are the main
     machine's, so a launch is not checked for one (every machine must see the same finished adapters to skip the
     same ones: keep train.output_dir on a shared file system, or pass the same --role everywhere)."""
+    from maps_train.library_options import check_library_sections
     from maps_train.recipe import adapter_names, load_recipe
     from maps_train.train.data import source_adapters
     from maps_train.train.sft import adapter_output_dir, build_lora_config, is_trained
 
     recipe = load_recipe(recipe_path, overrides)
+    check_library_sections(recipe, "train")  # train.sft, train.lora by TRL and PEFT, before any launch
     adapters = adapter_names(recipe) if role == "all" else [role]
     for adapter in adapters:
         source_adapters(recipe, adapter)  # fail on an unknown role before any launch

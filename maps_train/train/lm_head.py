@@ -5,9 +5,9 @@ log-probabilities of the targets, projected tile by tile instead of as one `[bat
 a device with Triton (CUDA, XPU) it projects only the positions whose label is not -100. Everywhere else it
 projects every position and masks afterwards, because on compiling devices (Neuron) a varying count of positions
 would recompile the graph every batch. The CPU recompiles nothing, and a role call's SFT row is mostly prompt
-(the completion is 10-25% of its tokens, every prompt position labelled -100), so there TRL spends its vocabulary
-projection, softmax statistics and their backward on positions whose result is multiplied by zero: 48% of a
-training step of the demo's consolidator adapter (py-spy, SmolLM2-135M, 49,152-token vocabulary, 2 ranks).
+(the completion is a small part of its tokens, every prompt position labelled -100), so there TRL spends its
+vocabulary projection, softmax statistics and their backward on positions whose result is multiplied by zero:
+about half of a demo training step, profiled in docs/throughput.md.
 
 `score_labelled_positions_only()` makes the fused head compact on the CPU as well. The loss, the gradients and
 TRL's logged metrics (entropy, token accuracy) are the same, only computed on fewer rows (tests/test_lm_head.py

@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from maps_train.adapters.set import RL_SUMMARY_FILE as RL_RECORD
 from maps_train.errors import MapsTrainError
 
 OUTPUT_MARKER = ".written-by-maps-train"
 SFT_WRITER = "maps-train"  # `written_by` of training's markers
 RL_WRITER = "maps-train rl"
-RL_SUMMARY_FILE = "rl_summary.json"  # in an RL adapter's folder, written last; serving reads its trained roles
+RL_SUMMARY_FILE = RL_RECORD  # in an RL adapter's folder, written last; the adapter set reads its trained roles
 
 
 def marker_writer(folder: Path) -> str | None:

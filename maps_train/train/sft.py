@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from maps_train.adapters.set import SFT_SUMMARY_FILE, AdapterSet
 from maps_train.config.names import check_plain_name
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.library_options import SFTOptions
@@ -29,8 +30,7 @@ from maps_train.tracking import artifact_name, wandb_environment
 from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
 from maps_train.train.markers import OUTPUT_MARKER, SFT_WRITER, mark, marker_writer
 
-SUMMARY_FILE = "train_summary.json"  # written last: its presence marks a finished adapter
-LEARNED = "learned"  # in SUMMARY_FILE: false for an adapter that had no rows and holds no weights (train.unlearned)
+SUMMARY_FILE = SFT_SUMMARY_FILE  # written last: its presence marks a finished adapter
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +85,23 @@ def adapter_artifact(recipe, adapter: str) -> str:
     return artifact_name("adapter", f"{recipe.name}-{adapter}")
 
 
-def adapter_artifacts(recipe) -> list[tuple[str, Path]]:
-    """(artifact name, folder) of every adapter the recipe trains and serves: what an eval run of the distilled
-    student links as its inputs (`tracker.use_artifact(name, "adapter", folder)`); not one that learned nothing
-    (`train.unlearned`: no weights, no artifact)."""
-    from maps_train.recipe import adapter_names
+def adapter_artifacts(recipe, adapters: AdapterSet) -> list[tuple[str, Path]]:
+    """(artifact name, folder) of every adapter of `adapters` with weights: what an eval run of the student links
+    as its inputs (`tracker.use_artifact(name, "adapter", folder)`); not one that learned nothing (`train.unlearned`:
+    no weights, no artifact)."""
+    return [(adapter_artifact(recipe, name), folder) for name, folder in adapters.served().items()]
 
-    root = Path(recipe.serve.adapters_dir or recipe.train.output_dir)
-    return [(adapter_artifact(recipe, name), root / name) for name in adapter_names(recipe)
-            if not learned_nothing(root / name)]
+
+def write_adapter_set(recipe) -> Path:
+    """The manifest of the adapters training wrote (`<train.output_dir>/adapters.json`), from their own records:
+    per adapter its folder or none (learned nothing), its roles and the ones it learned, the sha256 of its weights;
+    the base model and the lineage (traces, SFT set). Written by the main rank after each adapter."""
+    from maps_train.recipe import adapter_of_role, sft_traces_dir, train_sft_dir
+
+    lineage = {"student": recipe.train.student, "traces": str(sft_traces_dir(recipe)),
+               "sft_set": str(train_sft_dir(recipe)), "parent": None}
+    return AdapterSet.from_records(Path(recipe.train.output_dir), adapter_of_role(recipe),
+                                   recorded_base_model(recipe.train.student), lineage).write()
 
 
 def trainer_dir(recipe, adapter: str) -> Path:
@@ -118,16 +126,6 @@ def sole_trainer(recipe, adapter: str, state):
 
 def is_trained(recipe, adapter: str) -> bool:
     return (adapter_output_dir(recipe, adapter) / SUMMARY_FILE).is_file()
-
-
-def learned_nothing(folder: Path) -> bool:
-    """Whether `folder`'s training summary says the adapter had no SFT rows and holds no weights (`LEARNED` false:
-    `maps_train.train.unlearned`)."""
-    try:
-        summary = json.loads((Path(folder) / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get(LEARNED) is False
 
 
 def lora_target_modules(targets: Any) -> Any:
@@ -253,10 +251,27 @@ def last_complete_checkpoint(folder: Path) -> str | None:
         state = path / "trainer_state.json"
         if not state.is_file():
             continue  # cut before its state was written
-        problem = checkpoint_state_problem(state)
+        problem = checkpoint_state_problem(state) or torn_rng_state(path)
         if problem is None:
             return str(path)
         logger.warning("%s: %s; skipped, resuming from an older checkpoint if there is one", state, problem)
+    return None
+
+
+def torn_rng_state(checkpoint: Path) -> str | None:
+    """Which RNG state of `checkpoint` is torn, or None. Each rank writes its own `rng_state_<rank>.pth` with no
+    barrier before rank 0 writes `trainer_state.json`, so a kill can leave another rank's file cut short; the Trainer
+    tolerates a missing one but fails on a torn one. `torch.save` writes a zip archive, whose directory comes last."""
+    import zipfile
+
+    for rng_file in sorted(checkpoint.glob("rng_state*.pth")):
+        try:
+            with zipfile.ZipFile(rng_file) as archive:
+                bad = archive.testzip()
+        except (OSError, zipfile.BadZipFile) as err:
+            return f"{rng_file.name} is torn ({err})"
+        if bad is not None:
+            return f"{rng_file.name} is torn (bad member {bad})"
     return None
 
 

@@ -4,18 +4,20 @@ passed its filter. `sft-data` says such roles are served by the base model; trai
 Training such an adapter would teach nothing (TRL refuses an empty set), so `train` writes no weights for it:
 its folder gets the marker and a training summary saying it learned nothing (`"learned": false`, every role at 0
 rows). The summary marks it finished, as for any adapter, so a rerun skips it and `--overwrite` may remove it.
-From there:
-- `train.sft.learned_nothing` reads it;
-- the distilled routes send its roles to the base model (`serve.plan.untrained_roles`: every role at 0 rows);
-- a vLLM server loads no LoRA for it (`serve.plan.check_adapters`), and an eval links no artifact for it;
+From there one reader, the adapter set (`maps_train.adapters`: the manifest `train` writes, or these records in a
+folder without one), says that the adapter holds no weights, and everything asks it:
+- the student's routes send its roles to the base model (`AdapterSet.routes`);
+- a vLLM server loads no LoRA for it (`serve.plan.check_adapters`: `AdapterSet.served`), and an eval links no
+  artifact for it;
 - RL from it (`rl.init: distilled`) starts a fresh LoRA on the base model, as `rl.init: base` does
-  (`rl.layout.distilled_source`).
+  (`rl.layout.policy_start`);
+- `maps-train adapters check` says it learned nothing instead of "ok".
 """
 
 from __future__ import annotations
 
+from maps_train.adapters.set import LEARNED
 from maps_train.train import data
-from maps_train.train.sft import LEARNED
 
 
 def unlearned_summary(recipe, adapter: str) -> dict:

@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from maps_train.agents.engine import Engine, QuestionRun
-from maps_train.agents.evidence import passage_body, truncate_words
 from maps_train.agents.jsonparse import Parsed
 from maps_train.agents.maps import resolve_letters
+from maps_train.agents.prompt_context import passage_body, truncate_words
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import CUT_MARK, cut_span, starts_inside_thinking
+from maps_train.llm.prompt_fit import CUT_MARK, cut_span
+from maps_train.llm.thinking import starts_inside_thinking
 from maps_train.llm.types import Backend, ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.records.trace import RoleCall
@@ -104,7 +105,7 @@ class TurnShrinker:
     piece loses its reasoning (the think tags stay, around a cut mark) and keeps the end of what it wrote outside
     them (its action), a results block keeps its tags around a cut mark; then they are left out together. Then the last piece's reasoning is cut in the
     middle (its action stays), and last the newest results block in the middle (its head and tail stay). Every cut
-    keeps each think block as it was (`llm.common.cut_span`), so a shrunk turn never holds an unclosed `<think>`
+    keeps each think block as it was (`llm.prompt_fit.cut_span`), so a shrunk turn never holds an unclosed `<think>`
     that the whole turn had closed."""
 
     CHUNK = 64  # characters one middle-cut step leaves out

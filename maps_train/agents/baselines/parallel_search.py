@@ -35,10 +35,10 @@ from maps_train.agents.baselines.base import (
     parsed_later,
     search_r1_docs,
 )
-from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import format_question
+from maps_train.agents.engine import PendingCall, QuestionRun
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
 from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
+from maps_train.agents.prompt_context import format_question
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
 from maps_train.records.trace import SubQueryHits, TraceRecord
@@ -163,7 +163,7 @@ class ParallelSearchEngine(BaselineEngine):
 
     def _step(self, active: list[ParallelSearchRun], prompts) -> list[tuple[ParallelSearchRun, list[str]]]:
         plans = [
-            RolePlan(
+            PendingCall(
                 run=run,
                 role="reasoner",
                 messages=run.turn.messages(prompts[id(run)]),

@@ -41,10 +41,10 @@ from maps_train.agents.baselines.base import (
     search_r1_docs,
 )
 from maps_train.agents.baselines.vanilla import parse_direct
-from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import format_question, passage_body, truncate_words
+from maps_train.agents.engine import PendingCall, QuestionRun
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, first_tag_content, has_content
 from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
+from maps_train.agents.prompt_context import format_question, passage_body, truncate_words
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
 from maps_train.records.trace import SubQueryHits, TraceRecord
@@ -191,7 +191,7 @@ class S3Engine(BaselineEngine):
 
     def _step(self, active: list[S3Run], prompts) -> list[tuple[S3Run, str]]:
         plans = [
-            RolePlan(
+            PendingCall(
                 run=run,
                 role="searcher",
                 messages=run.turn.messages(prompts[id(run)]),
@@ -260,7 +260,7 @@ class S3Engine(BaselineEngine):
                 answer_format=self.answer_format("direct", run.letters),
             )
             plans.append(
-                RolePlan(run=run, role="generator", messages=messages, parse=partial(parse_direct, letters=run.letters))
+                PendingCall(run=run, role="generator", messages=messages, parse=partial(parse_direct, letters=run.letters))
             )
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             plan.run.final_call = call

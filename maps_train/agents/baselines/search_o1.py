@@ -39,10 +39,10 @@ from maps_train.agents.baselines.base import (
     model_piece,
     reopen_stop,
 )
-from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import LEFT_OUT, OBSERVATIONS_ORDER, format_question, passages_slot
+from maps_train.agents.engine import PendingCall, QuestionRun
 from maps_train.agents.jsonparse import Parsed, bounded, cut_notes, has_content
 from maps_train.agents.outputs import BASELINE_QUERY_MAX_CHARS
+from maps_train.agents.prompt_context import LEFT_OUT, OBSERVATIONS_ORDER, format_question, passages_slot
 from maps_train.agents.prompting import ShrinkableSlot
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
@@ -176,7 +176,7 @@ class SearchO1Engine(BaselineEngine):
     ) -> list[tuple[SearchO1Run, str]]:
         """One reasoner turn for every active question; returns the (question, query) pairs to search now."""
         plans = [
-            RolePlan(
+            PendingCall(
                 run=run,
                 role="reasoner",
                 messages=run.turn.messages(prompts[id(run)]),
@@ -244,7 +244,7 @@ class SearchO1Engine(BaselineEngine):
                 passages=passages_slot(hits, self.agent.max_passage_words),
             )
             plans.append(
-                RolePlan(run=run, role="condenser", messages=messages, parse=parse_condensed, shrink=shrink)
+                PendingCall(run=run, role="condenser", messages=messages, parse=parse_condensed, shrink=shrink)
             )
         for plan, (call, parsed) in zip(plans, self.call_roles(plans)):
             info = parsed.value["information"]

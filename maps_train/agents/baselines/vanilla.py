@@ -10,9 +10,9 @@ from functools import partial
 
 from maps_train.agents.baselines.answers import extract_direct_answer
 from maps_train.agents.baselines.base import BaselineEngine
-from maps_train.agents.engine import QuestionRun, RolePlan
-from maps_train.agents.evidence import format_question, passages_slot
+from maps_train.agents.engine import PendingCall, QuestionRun
 from maps_train.agents.jsonparse import Parsed, has_content
+from maps_train.agents.prompt_context import format_question, passages_slot
 from maps_train.agents.registry import register_method
 from maps_train.questions import Question
 from maps_train.records.trace import SubQueryHits, TraceRecord
@@ -54,7 +54,7 @@ class VanillaRAGEngine(BaselineEngine):
                 answer_format=self.answer_format("direct", letters),
             )
             plans.append(
-                RolePlan(
+                PendingCall(
                     run=run,
                     role="generator",
                     messages=messages,

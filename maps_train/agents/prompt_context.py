@@ -1,6 +1,6 @@
-"""Evidence and context as prompt text: merged passages, observations, the question with its options; and the
-same as `ShrinkableSlot`s, for a prompt that has to shrink to fit the context (oldest observations first, then
-lowest-ranked passages, then the middle of the best one)."""
+"""What a prompt shows besides its instructions, as text: merged passages, observations, the question with its
+options; and the same as `ShrinkableSlot`s, for a prompt that has to shrink to fit the context (oldest
+observations first, then lowest-ranked passages, then the middle of the best one)."""
 
 from __future__ import annotations
 
