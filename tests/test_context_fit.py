@@ -13,14 +13,16 @@ import pytest
 from scripted_backend import RecordingRetriever, ScriptedBackend
 
 from maps_train.agents.baselines.search_o1 import BEGIN_QUERY, END_QUERY, END_RESULT, SearchO1Engine
-from maps_train.agents.evidence import LEFT_OUT, observations_slot, passages_slot
 from maps_train.agents.maps import MapsEngine, trajectory_slot
+from maps_train.agents.prompt_context import LEFT_OUT, observations_slot, passages_slot
 from maps_train.agents.prompting import PromptLibrary
 from maps_train.agents.schedule import run_all
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.report import write_markdown
 from maps_train.evaluate.summary import summarize
-from maps_train.llm.common import call_spec, fit_request, prompt_token_ids
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.prompt_fit import fit_request
+from maps_train.llm.rendering import prompt_token_ids
 from maps_train.llm.router import Router
 from maps_train.llm.types import ChatRequest
 from maps_train.questions import Question

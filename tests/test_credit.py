@@ -213,7 +213,7 @@ def test_a_role_below_the_floor_keeps_no_rows_and_says_so(tmp_path):
 
 
 def test_a_role_its_adapter_never_learned_is_routed_to_the_base_model(tmp_path):
-    from maps_train.serve.plan import distilled_routes
+    from maps_train.adapters import distilled_set, student_routes
     from maps_train.train.data import rows_per_role
 
     # SFT rows as sft-data writes them (each names its role): the consolidator adapter saw no answer row.
@@ -231,11 +231,11 @@ def test_a_role_its_adapter_never_learned_is_routed_to_the_base_model(tmp_path):
     for adapter, rows in counts.items():  # the training summary records them (maps_train/train/__main__.py)
         (adapters / adapter).mkdir(parents=True)
         (adapters / adapter / "train_summary.json").write_text(json.dumps({"rows_per_role": rows}))
-    routes = distilled_routes(recipe)
+    routes = student_routes(recipe, distilled_set(recipe))
     assert routes["answer"].adapter is None and routes["answer"].model == routes["consolidator"].model
     assert routes["consolidator"].adapter == str(adapters / "consolidator")
     assert routes["writer"].adapter == str(adapters / "writer")
-    assert distilled_routes(recipe, via="server")["answer"].adapter is None
+    assert student_routes(recipe, distilled_set(recipe), via="server")["answer"].adapter is None
     # An eval system that swaps in another consolidator adapter (an RL one) keeps the answer on the base model.
     from maps_train.evaluate.suite import apply_routes
 

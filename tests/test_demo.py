@@ -85,6 +85,7 @@ def test_quick_demo_runs_the_whole_pipeline(tmp_path, repo_root, smollm2, minilm
     assert (out / "eval" / "cover_em_vs_cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "wandb").rglob("offline-run-*")), "no offline W&B run"
     assert "artefacts" in done.stdout
+    assert "expected here, at this machine's pace so far: traces" in done.stdout  # said after the first step
 
 
 def test_demo_refuses_a_taken_port_before_any_step(tmp_path, repo_root):
@@ -104,3 +105,18 @@ def test_demo_refuses_a_taken_port_before_any_step(tmp_path, repo_root):
         f"maps-train: error: serve.port {port} on 127.0.0.1 is taken (Address already in use): another server is "
         f"listening there; stop it or pick a free port (serve.port=...)"]
     assert not (tmp_path / "demo" / "logs").exists() and not (tmp_path / "demo" / "index").exists()
+
+
+def test_the_demo_expects_each_step_at_this_machines_pace_on_its_kind_of_work():
+    from maps_train.demo import PACE_REFERENCE_S, expected_s
+
+    reference = PACE_REFERENCE_S[False]
+    # After the first step, a machine twice as slow as the reference run expects every other step twice as long.
+    assert expected_s({"index": 2 * reference["index"]}, quick=False) == pytest.approx(
+        {step: 2 * seconds for step, seconds in reference.items() if step != "index"})
+    # Then generation (the eval) goes at the traces' pace, training at the other steps'.
+    rest = expected_s({"index": reference["index"], "traces": 3 * reference["traces"],
+                       "sft-data": reference["sft-data"]}, quick=False)
+    assert rest == pytest.approx({"train": reference["train"], "load-adapters": reference["load-adapters"],
+                                  "eval": 3 * reference["eval"]})
+    assert expected_s({}, quick=True) == {} and expected_s(dict(PACE_REFERENCE_S[True]), quick=True) == {}

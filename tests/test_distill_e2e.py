@@ -61,7 +61,7 @@ def write_recipe(root: Path) -> Path:
     raw = {
         "name": "distill-e2e",
         "retrieval": {"corpus": str(REPO / "data/demo/corpus.jsonl"), "kind": "bm25",
-                      "index_dir": str(root / "index"), "top_k": 2},
+                      "index_dir": str(root / "index")},
         "backend": {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True},
         # The teacher: every role on the real model, JSON-constrained (a 135M model rarely writes JSON unaided).
         "roles": {"default": {"backend": "vllm", "model": TEACHER, "max_tokens": 128, "structured": True}},
@@ -148,7 +148,10 @@ def test_sft_sets_hold_the_teachers_calls_per_adapter(pipeline):
     kept = [t for t in read_traces(pipeline.root / "traces" / "demo-train" / "sample-0")
             if all(call.parse_ok for call in t.all_calls())]
     assert stats["kept_traces"] == len(kept) >= 2
-    teacher_calls = {(call.role, json.dumps(call.messages), call.raw_text) for t in kept for call in t.all_calls()}
+    from maps_train.agents.outputs import as_deployed_json  # the teacher's JSON as the student's grammar writes it
+
+    teacher_calls = {(call.role, json.dumps(call.messages), as_deployed_json(call.raw_text))
+                     for t in kept for call in t.all_calls()}
     for adapter, roles in ADAPTER_ROLES.items():
         rows = [json.loads(line) for line in (sft / adapter / "train.jsonl").read_text().splitlines()]
         assert rows and stats["examples"][adapter] == len(rows)
@@ -196,8 +199,9 @@ def peft_outputs(pipeline, smollm2, probe_request):
     """The probe through the HF backend (transformers + PEFT): base and each adapter; and last-token logits."""
     import torch
 
-    from maps_train.llm.common import call_spec, prompt_token_ids
+    from maps_train.llm.call_spec import call_spec
     from maps_train.llm.hf_backend import HFBackend
+    from maps_train.llm.rendering import prompt_token_ids
     from maps_train.recipe import BackendConfig, RoleRoute
 
     # One intra-op thread: on the shared 2-core machine two threads under load ran several times slower.
@@ -302,7 +306,7 @@ def served(pipeline, peft_outputs):
     plan = plan_server(pipeline.recipe)
     start = time.perf_counter()
     command = ServeCommand(pipeline.recipe_path, pipeline.root / "server.log")
-    _HEAVY["distill-server"] = command.interrupt
+    _HEAVY["distill-server"] = (command, command.interrupt)
     command.read_until("healthy at ", timeout_s=pipeline.recipe.serve.startup_timeout_s + 30)
     command.drain()
     command.descendants = psutil.Process(command.process.pid).children(recursive=True)
@@ -320,7 +324,9 @@ def test_serve_prints_its_command_and_the_routing(served, pipeline, smollm2):
     assert all(f"{name}={pipeline.root / 'adapters' / name}" in text for name in ADAPTER_ROLES)
     routing = yaml.safe_load(text.split("# routing for the agent (paste into a recipe):\n", 1)[1])
     assert routing["backend"]["base_urls"] == [plan.url]
-    assert {role: route["adapter"] for role, route in routing["roles"].items()} == ROLE_ADAPTER
+    # "default" (any role not listed) is the consolidator's route, as the adapter set routes it
+    assert {role: route["adapter"] for role, route in routing["roles"].items()} == {**ROLE_ADAPTER,
+                                                                                 "default": "consolidator"}
     import httpx
 
     models = httpx.get(f"{plan.url}/models", timeout=10).json()["data"]
@@ -350,12 +356,12 @@ def test_load_adapters_leaves_served_ones_alone_and_refuses_a_swap_in_one_line(s
 
 
 def test_distilled_maps_through_the_server_uses_each_roles_adapter(served, pipeline):
+    from maps_train.adapters import distilled_set, with_student_routes
     from maps_train.agents.runner import run_method
     from maps_train.questions import load_questions
-    from maps_train.serve import with_distilled_routes
 
     _, plan = served
-    recipe = with_distilled_routes(pipeline.recipe, via="server")
+    recipe = with_student_routes(pipeline.recipe, distilled_set(pipeline.recipe), via="server")
     recipe = replace(recipe, backend=replace(recipe.backend, base_urls=[plan.url]))
     questions = load_questions(str(REPO / "data/demo/test.jsonl"), limit=SERVE_QUESTIONS)
     out_dir = pipeline.root / "student-served"

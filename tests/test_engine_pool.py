@@ -19,7 +19,7 @@ import pytest
 
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.suite import run_suite
-from maps_train.llm.pool import EnginePool, gpu_share
+from maps_train.llm.pool import ENGINE_CONTEXT_BYTES, EnginePool, gpu_share
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.recipe import BackendConfig, load_recipe
 
@@ -68,9 +68,11 @@ def use(pool: EnginePool, recipe_) -> None:
         assert router.generate([ChatRequest(role="answer", messages=[{"role": "user", "content": "q"}])])[0].text == "fine"
 
 
-def test_gpu_share_is_tensor_parallel_size_times_utilization_and_nothing_on_cpu():
+def test_gpu_share_is_tensor_parallel_size_times_utilization_and_context_and_nothing_on_cpu():
     config = BackendConfig(tensor_parallel_size=4, gpu_memory_utilization=0.85)
-    assert gpu_share("vllm", config, on_gpu=True) == {0: 0.85, 1: 0.85, 2: 0.85, 3: 0.85}
+    footprint = 0.85 + ENGINE_CONTEXT_BYTES / 80e9  # its share and, outside it, its CUDA context
+    assert gpu_share("vllm", config, on_gpu=True, gpu_bytes=80e9) == {0: footprint, 1: footprint, 2: footprint,
+                                                                       3: footprint}
     assert gpu_share("vllm", config, on_gpu=False) == {}  # vLLM-CPU
     assert gpu_share("hf", config, on_gpu=True) == gpu_share("openai", config, on_gpu=True) == {}
 
@@ -157,6 +159,40 @@ def test_engines_that_cannot_fit_even_alone_are_a_one_line_error():
     assert "vllm:m1 at 0.85 of GPU 0, vllm:m2 at 0.85 of GPU 0) do not fit" in str(err.value)
     assert "\n" not in str(err.value)
     assert len(pool) == 0
+
+
+def test_two_engines_whose_shares_sum_to_one_are_refused_on_one_gpu_and_placed_on_two(monkeypatch):
+    """Issue 63: vLLM starts an engine only where the free memory, read after its own CUDA context is up, is at
+    least gpu_memory_utilization x total. 0.45 + 0.55 of one 80 GB GPU "fits" by shares alone, but the second
+    engine would find 0.55 x 80 GB less two contexts free and refuse: the pool refuses first, saying why. On two
+    GPUs each gets its own."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pair = ("roles.proposer.backend=vllm", "roles.proposer.model=m2")
+    one = EnginePool(factory=RecordingEngines(), on_gpu=True, gpus=1, gpu_bytes=80e9)
+    with pytest.raises(MapsTrainError) as err:
+        use(one, recipe("m1", util=0.5, extra=pair))  # 0.5 + 0.5: the shares alone sum to exactly 1.0
+    message = str(err.value)
+    assert "vllm:m1 at 0.5 of GPU 0, vllm:m2 at 0.5 of GPU 0) do not fit" in message and "\n" not in message
+    assert "free memory is at least its gpu_memory_utilization" in message and "CUDA context (1 GB)" in message
+    assert len(one) == 0
+    two = PlacedEngines()
+    pool = EnginePool(factory=two, on_gpu=True, gpus=2, gpu_bytes=80e9)
+    with pool.lease(recipe("m1", util=0.5, extra=pair)) as router:
+        router.generate([ChatRequest(role=role, messages=[{"role": "user", "content": "q"}])
+                         for role in ("answer", "proposer")])
+    assert two.visible == {"m1": "0", "m2": "1"}
+    # the 0.45 + 0.55 of the issue, as two systems on one GPU: the second closes the first before it starts
+    engines = RecordingEngines()
+    pool = EnginePool(factory=engines, on_gpu=True, gpus=1, gpu_bytes=80e9)
+    use(pool, recipe("m1", util=0.45))
+    use(pool, recipe("m2", util=0.55))
+    assert engines.log == [("start", "m1"), ("close", "m1"), ("start", "m2")]
+    # and room for both contexts is room: 0.45 + 0.5 leaves 4 GB for two 1 GB contexts
+    engines = RecordingEngines()
+    pool = EnginePool(factory=engines, on_gpu=True, gpus=1, gpu_bytes=80e9)
+    use(pool, recipe("m1", util=0.45))
+    use(pool, recipe("m2", util=0.5))
+    assert engines.log == [("start", "m1"), ("start", "m2")]
 
 
 def write_suite(tmp_path: Path, systems: str, parallel_runs: int = 1) -> Path:

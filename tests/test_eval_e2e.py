@@ -50,7 +50,7 @@ def test_suite_with_the_real_agent_runner(tmp_path, realdata, tiny_qwen3):
     recipe_path.write_text(
         yaml.safe_dump({
             "name": "eval-e2e",
-            "retrieval": {"corpus": str(tmp_path / "corpus.jsonl"), "kind": "bm25", "top_k": 3},
+            "retrieval": {"corpus": str(tmp_path / "corpus.jsonl"), "kind": "bm25"},
             "backend": {"dtype": "float32", "max_model_len": 4096, "hf_batch_size": 16},
             "roles": {"default": {"backend": "hf", "model": tiny_qwen3, "max_tokens": 16}},
             "agent": {"num_directions": 2, "max_rounds": 2, "top_k": 3, "batch_size": 4},

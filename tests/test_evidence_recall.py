@@ -12,7 +12,7 @@ import pytest
 from scripted_backend import RecordingRetriever, ScriptedBackend, consolidator_sufficient_after
 
 from maps_train.agents.runner import run_method
-from maps_train.analysis.evidence import evidence_by_round, evidence_markdown
+from maps_train.analysis.evidence_by_round import evidence_by_round, evidence_markdown
 from maps_train.analysis.runs import QuestionIndex, RunFolder
 from maps_train.evaluate.evidence_recall import evidence_fields, run_evidence
 from maps_train.evaluate.report import build_report

@@ -48,7 +48,7 @@ def test_library_defaults_are_the_dataclass_fields_defaults(section, cls):
     assert defaults, "no defaults read"
     for name, value in defaults.items():
         assert declared_default(cls, name) == value, name
-    assert library_defaults.__wrapped__(section) == defaults  # the copy remembered on disk reads back the same
+    assert library_defaults.__wrapped__(section) == defaults  # read again from the library: the same
 
 
 @pytest.mark.parametrize("path", RECIPES)

@@ -78,7 +78,9 @@ def test_one_backend_call_per_batch(hf_tiny_qwen3, routes, tmp_path):
 
 
 def test_thinking_is_split_and_chat_template_kwargs_apply(hf_tiny_qwen3, tiny_qwen3):
-    from maps_train.llm.common import call_spec, prompt_token_ids, split_thinking
+    from maps_train.llm.call_spec import call_spec
+    from maps_train.llm.rendering import prompt_token_ids
+    from maps_train.llm.thinking import split_thinking
 
     assert split_thinking("<think>\nplan\n</think>\n\nParis") == ("Paris", "plan")
     assert split_thinking("plan</think>Paris") == ("Paris", "plan")

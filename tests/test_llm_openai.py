@@ -18,7 +18,8 @@ from maps_train.recipe import BackendConfig, Recipe, RoleRoute
 def test_unreachable_server_fails_after_bounded_retries():
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     recipe = Recipe(
-        backend=BackendConfig(base_urls=[url], max_retries=2, request_timeout_s=2),
+        # truncate_prompt=left: no tokenizer to load here (tens of seconds on a busy machine, not the retries')
+        backend=BackendConfig(base_urls=[url], max_retries=2, request_timeout_s=2, truncate_prompt="left"),
         roles={"default": RoleRoute(backend="openai", adapter="writer")},
     )
     router = build_router(recipe)
@@ -52,7 +53,8 @@ def test_server_wait_gives_a_starting_server_time_then_one_line():
     then fails in one line naming the setting, without spending the retries on a server that is still starting."""
     url = f"http://127.0.0.1:{free_port()}/v1"
     recipe = Recipe(
-        backend=BackendConfig(base_urls=[url], server_wait_s=2.0, max_retries=0, request_timeout_s=2),
+        backend=BackendConfig(base_urls=[url], server_wait_s=2.0, max_retries=0, request_timeout_s=2,
+                              truncate_prompt="left"),
         roles={"default": RoleRoute(backend="openai", adapter="writer")},
     )
     router = build_router(recipe)

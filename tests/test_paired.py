@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maps_train.errors import MapsTrainError
-from maps_train.evaluate.paired import compare, comparison_table, paired_bootstrap, paired_rows
+from maps_train.evaluate.paired import compare, comparison_table, paired_bootstrap, paired_rows, transfer
 
 
 def test_a_constant_difference_has_a_point_interval():
@@ -96,3 +96,81 @@ def test_compare_command_reads_labelled_runs_and_refuses_bad_input_in_one_line(t
         assert done.returncode == 2 and done.stderr.startswith("maps-train: error: ") and message in done.stderr, \
             done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def triples(measure: str, **systems: list[float | None]) -> list[dict]:
+    return [{"system": name, "dataset": "d", "question_id": str(i), measure: value}
+            for name, values in systems.items() for i, value in enumerate(values) if value is not None]
+
+
+def test_transfer_is_the_share_of_the_teachers_lead_closed():
+    # base 0 0, teacher 1 1, system 1 0: (0.5 - 0) / (1 - 0) = 0.5. Every resample's gap is 1, so its ratio is the
+    # system's resampled mean: 0, 0.5 or 1 with chances 1/4, 1/2, 1/4; the 2.5th and 97.5th percentiles are 0 and 1.
+    rows = triples("em", base=[0, 0], teacher=[1, 1], sft=[1, 0])
+    result = transfer(rows, "sft", "base", "teacher", "em")
+    assert (result.questions, result.ratio, result.low, result.high, result.undefined) == (2, 0.5, 0.0, 1.0, 0)
+    # a system past the teacher is above 1, one below the base negative: (0.9 - 0.5) / (0.7 - 0.5) = 2
+    rows = triples("f1", base=[0.5], teacher=[0.7], rl=[0.9])
+    assert transfer(rows, "rl", "base", "teacher", "f1").ratio == pytest.approx(2.0)
+    # only questions all three answered count
+    rows = triples("em", base=[0, 0, 1], teacher=[1, 1, None], sft=[1, 0, 1])
+    assert transfer(rows, "sft", "base", "teacher", "em").questions == 2
+    assert transfer(triples("em", base=[0], teacher=[1]), "sft", "base", "teacher", "em") is None
+
+
+def test_a_transfer_with_no_gap_to_close_is_undefined_and_its_resamples_counted():
+    # base 0 1, teacher 1 0: the means are equal, so no ratio. A resample of question 0 twice has gap 1 and ratio
+    # (1 - 0) / 1 = 1; of question 1 twice gap -1 and ratio (1 - 1) / -1 = 0; a mixed one (chance 1/2) gap 0: left
+    # out and counted.
+    rows = triples("evidence_recall", base=[0, 1], teacher=[1, 0], sft=[1, 1])
+    result = transfer(rows, "sft", "base", "teacher", "evidence_recall")
+    assert result.ratio is None and (result.low, result.high) == (0.0, 1.0)
+    assert 4_000 < result.undefined < 6_000
+    # every resample without a gap: no interval either
+    rows = triples("em", base=[0, 0], teacher=[0, 0], sft=[1, 0])
+    result = transfer(rows, "sft", "base", "teacher", "em")
+    assert (result.ratio, result.low, result.high, result.undefined) == (None, None, None, 10_000)
+
+
+def test_compare_refuses_clashing_sources_and_malformed_rows_and_reads_a_path_with_an_equals_sign(tmp_path):
+    """Issue 65: through the real CLI, one line and exit 2 each; `./a=b` is read as the path it is."""
+    import json
+    import subprocess
+    import sys
+
+    def write(folder, rows):
+        folder.mkdir()
+        (folder / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    row = {"system": "sft", "dataset": "x", "question_id": "1", "evidence_recall": 0.5, "em": 0.0, "rounds": 2,
+           "cost": {"retrievals": 3}}
+    write(tmp_path / "one", [row, {**row, "system": "base", "evidence_recall": 0.25}])
+    write(tmp_path / "two", [row])
+    write(tmp_path / "a=b", [row, {**row, "system": "base", "evidence_recall": 0.0}])
+    for name, bad in (("abc", {"evidence_recall": "abc"}), ("three", {"rounds": "three"}), ("list", {"cost": [1, 2]}),
+                      ("tokens", {"cost": {"prompt_tokens": "many"}})):
+        write(tmp_path / name, [row, {**row, "question_id": "2", **bad}])
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "maps_train.cli", "compare", *args], capture_output=True,
+                              text=True, cwd=tmp_path)
+
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    for args, message in [
+        (["base>sft", "-r", one, "-r", two], f"--results {one} and --results {two} both hold system 'sft'; label them"),
+        (["base>sft", "-r", one, "-r", one], f"--results {one} and --results {one} both hold system 'sft'"),
+        (["a/base>a/sft", "-r", f"a={one}", "-r", f"a={two}"], f"--results a={two}: label 'a' already names"),
+        (["base>sft", "-r", str(tmp_path / "abc")], f"{tmp_path / 'abc' / 'results.jsonl'}:2: field 'evidence_recall': "
+                                                    "expected a number or null, got \"abc\""),
+        (["base>sft", "-r", str(tmp_path / "three")], "results.jsonl:2: field 'rounds': expected a number or null"),
+        (["base>sft", "-r", str(tmp_path / "list")], "results.jsonl:2: field 'cost': expected an object or null, got [1, 2]"),
+        (["base>sft", "-r", str(tmp_path / "tokens")], "results.jsonl:2: field 'cost.prompt_tokens': expected a number"),
+    ]:
+        done = cli(*args, "-m", "rounds")
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    # a path holding "=" that exists is that path; a label ends at the first "=" (lab=./a=b)
+    done = cli("base>sft", "-r", "./a=b", "-m", "evidence_recall")
+    assert done.returncode == 0 and "| base -> sft | Evidence recall, retrieved | 1 | 0.0 | 50.0 | +50.0 |" in done.stdout
+    done = cli("lab/base>lab/sft", "-r", "lab=./a=b", "-r", f"o={one}", "-m", "evidence_recall")
+    assert done.returncode == 0 and "| lab/base -> lab/sft | Evidence recall, retrieved | 1 |" in done.stdout, done.stderr

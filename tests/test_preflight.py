@@ -48,7 +48,7 @@ COMMANDS = {
               "maps_train.serve.plan.plan_server"),
     "eval": (lambda tmp: ["eval", _suite(tmp)], "maps_train.evaluate.suite.run_suite"),
     "rl": (lambda tmp: ["rl", "recipes/distill/qwen3-4b.yaml", "rl.grpo.gradient_checkpointing=false"],
-           "maps_train.rl.trainer.run_rl"),
+           "maps_train.rl.trainer.rl_stage"),
 }
 # the change each refusal names (serve's tensor parallelism is its own field, not the teacher's backend's)
 FIXES = {"traces": "set backend.tensor_parallel_size=1", "train": "set train.sft.gradient_checkpointing=true",

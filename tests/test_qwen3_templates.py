@@ -2,7 +2,7 @@
 thinking on and off, Qwen3.6 with thinking on and off.
 
 `TemplateModel` stands in for a Qwen3 model behind the project's own prompt code: each request is rendered by
-`llm.common.render_prompt` with the template under test (an error fails the run), a script writes what the model
+`llm.rendering.render_prompt` with the template under test (an error fails the run), a script writes what the model
 would generate after that prompt, and the reply is cut at the stop string and split into reasoning and answer as
 the real backends do (`first_stop`, `split_thinking` with `generation_opens_thinking`). A call cut at a stop string
 inside its reasoning is continued by the router (`llm.budget`): the double then writes the rest of the same
@@ -32,17 +32,11 @@ from maps_train.agents.baselines.s3 import S3Engine
 from maps_train.agents.baselines.search_o1 import BEGIN_QUERY, END_QUERY
 from maps_train.agents.registry import engine_class
 from maps_train.agents.schedule import run_all
-from maps_train.llm.common import (
-    FittedPrompt,
-    call_spec,
-    ends_inside_thinking,
-    first_stop,
-    fit_request,
-    generation_opens_thinking,
-    render_prompt,
-    split_thinking,
-)
+from maps_train.llm.call_spec import call_spec, first_stop
+from maps_train.llm.prompt_fit import FittedPrompt, fit_request
+from maps_train.llm.rendering import render_prompt
 from maps_train.llm.router import Router
+from maps_train.llm.thinking import ends_inside_thinking, generation_opens_thinking, split_thinking
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.recipe import RoleRoute, load_recipe

@@ -10,14 +10,16 @@ import pytest
 from scripted_backend import RecordingBackend
 from transformers import AutoTokenizer
 
-from maps_train.agents.engine import Engine, QuestionRun, RolePlan
+from maps_train.agents.engine import Engine, PendingCall, QuestionRun
 from maps_train.agents.jsonparse import Parsed
 from maps_train.errors import MapsTrainError
 from maps_train.evaluate.report import write_markdown
 from maps_train.evaluate.summary import summarize
 from maps_train.llm.budget import REASONING_CAP_CLOSE, ReasoningCap
-from maps_train.llm.common import call_spec, prompt_closes_thinking, render_prompt
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.rendering import render_prompt
 from maps_train.llm.router import Router
+from maps_train.llm.thinking import prompt_closes_thinking
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.recipe import Recipe, RoleRoute, load_recipe
@@ -59,14 +61,14 @@ def _router(backend, policy: str = "answer") -> Router:
     return Router(routes, backends={"hf": backend}, reasoning_cap=ReasoningCap(policy=policy, answer_tokens=32))
 
 
-def _answer_plan(run: QuestionRun, role: str = "answer") -> RolePlan:
+def _answer_plan(run: QuestionRun, role: str = "answer") -> PendingCall:
     def parse(text: str) -> Parsed:
         try:
             return Parsed(json.loads(text), True)
         except ValueError:
             return Parsed({"answer": ""}, False, "not JSON")
 
-    return RolePlan(run=run, role=role, messages=MESSAGES, parse=parse)
+    return PendingCall(run=run, role=role, messages=MESSAGES, parse=parse)
 
 
 def test_a_capped_reasoning_is_closed_and_answered_by_a_follow_up_that_continues_the_turn():

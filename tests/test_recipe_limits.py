@@ -170,3 +170,25 @@ def test_a_cyclic_base_chain_is_one_line(tmp_path):
     for i in range(3):
         (tmp_path / f"c{i}.yaml").write_text(f"base: c{(i + 1) % 3}.yaml\n")
     assert "base: recipes that are each other's base" in refused(tmp_path / "c0.yaml")
+
+
+# ---- settings the chosen method never reads, and rounds without a bound (issue 65) ----
+
+
+def test_min_rounds_with_a_method_that_never_reads_it_is_a_one_line_warning(caplog):
+    from maps_train.recipe import load_recipe
+
+    with caplog.at_level("WARNING", logger="maps_train.recipe"):
+        load_recipe(None, ["agent.method=vanilla", "agent.min_rounds=2"])
+        load_recipe(None, ["agent.method=maps", "agent.min_rounds=2"])
+    assert [r.getMessage() for r in caplog.records] == [
+        "maps-train: warning: agent.min_rounds: 2 is read by MAPS only; agent.method vanilla never uses it"]
+
+
+@pytest.mark.parametrize("rounds", ["1000000000", "0", "101"])
+def test_max_rounds_is_bounded(rounds):
+    from maps_train.errors import ConfigError
+    from maps_train.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match=rf"agent: max_rounds must be from 1 to 100, got {rounds}$"):
+        load_recipe(None, [f"agent.max_rounds={rounds}", f"agent.min_rounds={rounds}"])

@@ -164,11 +164,18 @@ def test_a_failing_batch_is_rerun_request_by_request(dense, expected):
 
 
 def test_one_large_k_does_not_merge_with_many_queries(dense, expected):
-    """A batch is searched at its largest k, so one k=50 request must not pull 10 queries into a 550-hit search."""
+    """A call is searched at its largest k, so one k=50 request must not pull 10 queries into a 550-hit search:
+    every call stays within `max_hits` queries x k, and each request still gets its own hits."""
     requests = [([QUERIES[0]], 50), ([QUERIES[i % len(QUERIES)] for i in range(10)], 5)]
+    calls = []
+
+    class Recorder:
+        def search(self, queries, k):
+            calls.append((len(queries), k))
+            return dense.search(queries, k)
 
     async def run():
-        searcher = BatchingSearcher(dense, max_batch=256, max_wait_ms=200, max_hits=100)
+        searcher = BatchingSearcher(Recorder(), max_batch=256, max_wait_ms=200, max_hits=100)
         await searcher.start()
         try:
             outcomes = await asyncio.gather(*(searcher.search(q, k) for q, k in requests))
@@ -177,8 +184,11 @@ def test_one_large_k_does_not_merge_with_many_queries(dense, expected):
         return searcher.stats, outcomes
 
     stats, outcomes = asyncio.run(run())
-    assert (stats.search_calls, stats.largest_batch) == (2, 10)
-    assert [hit.id for hit in outcomes[1][3]] == [hit.id for hit in expected[QUERIES[3]][:5]]
+    assert calls and all(size * k <= 100 for size, k in calls), calls
+    assert sum(size for size, _ in calls) == 11 and stats.search_calls == len(calls)
+    assert [[hit.id for hit in hits] for hits in outcomes[1]] == [
+        [hit.id for hit in expected[query][:5]] for query in requests[1][0]
+    ]
     assert len(outcomes[0][0]) == 50
 
 

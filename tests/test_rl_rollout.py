@@ -14,7 +14,8 @@ import torch
 from scripted_backend import DEFAULT_PASSAGES, RecordingRetriever, ScriptedBackend
 
 from maps_train.errors import MapsTrainError
-from maps_train.llm.common import call_spec, render_prompt
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.rendering import render_prompt
 from maps_train.llm.types import ChatRequest, Completion
 from maps_train.questions import Question
 from maps_train.recipe import load_recipe, route_for

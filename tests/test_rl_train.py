@@ -23,11 +23,12 @@ import torch
 import yaml
 from test_train_scale import wait_for
 
+from maps_train.adapters import rl_source_set
 from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.rl.checks import check_rl_config
-from maps_train.rl.environment import environment_recipe, with_rl_adapter
-from maps_train.rl.layout import claim_folder
+from maps_train.rl.environment import environment_recipe
+from maps_train.rl.layout import claim_folder, with_rl_adapter
 from maps_train.train.adapter_check import check_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,6 +137,14 @@ def test_grpo_changes_the_adapter_and_resumes_after_a_kill(tmp_path, tiny_qwen3,
     assert overall["lineage"] == [{"source_adapter": str(distilled), "rl_adapter": str(out),
                                    "source_sha256": hashlib.sha256((distilled / WEIGHTS).read_bytes()).hexdigest(),
                                    "rl_sha256": hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()}]
+    # The adapter set RL leaves (adapters.json): its RL adapter for the roles it trained, the rest as it started.
+    from maps_train.adapters import AdapterSet
+
+    left = AdapterSet.load(tmp_path / "rl" / "adapters", {})
+    assert left.from_manifest and left.folder_of("consolidator") == left.folder_of("answer") == out
+    assert left.adapter_of("consolidator").parent == str(distilled) and left.adapter_of("consolidator").stage == "rl"
+    assert left.adapter_of("consolidator").sha256 == overall["lineage"][0]["rl_sha256"]
+    assert left.folder_of("writer") == distilled.parent / "writer"
 
     again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "already trained" in again.stdout  # a finished role is not retrained
@@ -190,13 +199,15 @@ def test_the_environment_is_the_distilled_student_unless_the_recipe_says_otherwi
     as_written = environment_recipe(load_recipe(None, [*overrides, "rl.environment=recipe"]))
     assert as_written.route("writer").model == "teacher-32b"  # the recipe's own (here: its teacher's) routes
     # Once RL'd, an adapter's roles run with the new adapter in the next role's environment.
-    after = with_rl_adapter(engine, "consolidator")
+    recipe = load_recipe(None, overrides)
+    after = environment_recipe(recipe, with_rl_adapter(rl_source_set(recipe), recipe, "consolidator",
+                                                       ["consolidator", "answer"]))
     assert {after.route(r).adapter for r in ("consolidator", "answer")} == {str(tmp_path / "rl/adapters/consolidator")}
     assert after.route("writer").adapter == str(tmp_path / "sft" / "writer")
 
 
 def test_a_second_rl_run_into_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
-    from maps_train.rl.trainer import run_rl
+    from maps_train.rl.trainer import rl_stage
     from maps_train.runlock import sole_writer
 
     folder = tmp_path / "rl"
@@ -207,7 +218,7 @@ def test_a_second_rl_run_into_the_same_folder_is_refused_while_the_first_holds_i
     try:
         assert holder.stdout.readline().strip() == "held"  # the first run holds the folder
         with pytest.raises(MapsTrainError) as err:
-            run_rl(load_recipe(None, [f"rl.output_dir={folder}"]))  # refused before any question or model loads
+            rl_stage(load_recipe(None, [f"rl.output_dir={folder}"]))  # refused before any question or model loads
         assert f"already writing here (pid {holder.pid})" in str(err.value) and "\n" not in str(err.value)
     finally:
         holder.stdin.close()

@@ -28,7 +28,8 @@ from scripted_backend import DEFAULT_PASSAGES, RecordingRetriever, ScriptedBacke
 from test_rl_rollout import QUESTIONS, G
 
 from maps_train.errors import ConfigError, MapsTrainError
-from maps_train.llm.common import call_spec, render_prompt
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.rendering import render_prompt
 from maps_train.llm.types import ChatRequest
 from maps_train.recipe import load_recipe
 from maps_train.rl.checks import check_rl_config
@@ -228,7 +229,7 @@ def test_deployed_decoding_on_the_engine_samples_the_branch_call_under_the_schem
 
 
 def test_trls_server_cannot_take_a_schema_so_a_structured_call_is_refused_in_one_line():
-    from maps_train.llm.common import CallSpec
+    from maps_train.llm.call_spec import CallSpec
 
     sampler = VLLMSampler(SimpleNamespace(mode="server"), [0])
     spec = CallSpec(request=ChatRequest(role="answer", messages=[]), route=None, max_tokens=8, temperature=1.0,
@@ -280,7 +281,7 @@ def test_the_kernel_scan_guard_lets_an_in_process_engine_start_beside_numba():
 
     from vllm.triton_utils.dispatcher import _rebind_kernels
 
-    from maps_train.platform import vllm_kernel_scan_guard
+    from maps_train.llm.vllm_internals import vllm_kernel_scan_guard
 
     importlib.import_module("numba")  # as bm25s loads it: llvmlite's ffi module comes with it
     importlib.import_module("llvmlite.binding.ffi")

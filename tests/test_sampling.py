@@ -22,7 +22,7 @@ from scripted_backend import (
 )
 
 from maps_train.agents.engine import request_seed
-from maps_train.llm.common import call_spec
+from maps_train.llm.call_spec import call_spec
 from maps_train.llm.router import Router
 from maps_train.llm.types import ChatRequest
 from maps_train.recipe import BackendConfig, RoleRoute, load_recipe

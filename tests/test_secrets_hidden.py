@@ -58,7 +58,7 @@ def test_log_lines_hide_a_urls_password(caplog, monkeypatch):
 def test_the_cli_shows_no_password_of_an_unreachable_backend(tmp_path):
     recipe = {
         "retrieval": {"corpus": str(REPO / "data/demo/corpus.jsonl"), "kind": "bm25",
-                      "index_dir": str(tmp_path / "index"), "top_k": 2},
+                      "index_dir": str(tmp_path / "index")},
         "backend": {"base_urls": [f"http://maps:{PASSWORD}@127.0.0.1:{free_port()}/v1"], "max_retries": 0,
                     "request_timeout_s": 2},
         "roles": {"default": {"backend": "openai", "adapter": "teacher", "max_tokens": 8}},

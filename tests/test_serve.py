@@ -18,9 +18,10 @@ import yaml
 from fixtures_llm import build_lora_adapters
 from typer.testing import CliRunner
 
+from maps_train.adapters import distilled_set, student_routes, with_student_routes
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
-from maps_train.serve import adapter_paths, distilled_routes, plan_server, with_distilled_routes
+from maps_train.serve import plan_server
 from maps_train.train.adapter_check import VLLM_LORA_RANKS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +62,24 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
+def test_serve_takes_an_adapter_set_by_path(tmp_path, adapters_dir):
+    """`--adapters SET` serves that set (here: an RL-like set whose writer adapter learned nothing), not the recipe's
+    serve.adapters_dir / train.output_dir."""
+    other = tmp_path / "other-set"
+    shutil.copytree(adapters_dir, other)
+    shutil.rmtree(other / "writer")
+    (other / "writer").mkdir()
+    (other / "writer" / "train_summary.json").write_text(json.dumps({"learned": False}))
+    result = CliRunner().invoke(__import__("maps_train.cli", fromlist=["app"]).app,
+                                ["serve", str(write_recipe(tmp_path, adapters_dir)), "--dry-run", "--adapters", str(other)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    command = command_of(result.output)
+    modules = command[command.index("--lora-modules") + 1:command.index("--max-loras")]
+    assert modules == [f"proposer={other / 'proposer'}", f"consolidator={other / 'consolidator'}"]
+    routing = yaml.safe_load(result.output.split("# routing for the agent (paste into a recipe):\n", 1)[1])
+    assert routing["roles"]["writer"]["adapter"] is None and routing["roles"]["answer"]["adapter"] == "consolidator"
+
+
 def test_dry_run_prints_the_exact_command_and_routing(tmp_path, adapters_dir, tiny_qwen3):
     recipe = write_recipe(tmp_path, adapters_dir)
     result = CliRunner().invoke(
@@ -83,10 +102,11 @@ def test_dry_run_prints_the_exact_command_and_routing(tmp_path, adapters_dir, ti
 
     routing = yaml.safe_load(result.output.split("# routing for the agent (paste into a recipe):\n", 1)[1])
     assert routing["backend"]["base_urls"] == ["http://127.0.0.1:8177/v1"]
-    assert set(routing["roles"]) == {"proposer", "writer", "consolidator", "answer"}
+    # "default" (any role not listed) is the consolidator's route, as the adapter set routes it
+    assert set(routing["roles"]) == {"proposer", "writer", "consolidator", "answer", "default"}
     for role, route in routing["roles"].items():
         assert route["backend"] == "openai" and route["model"] == tiny_qwen3
-        assert route["adapter"] == ("consolidator" if role == "answer" else role)
+        assert route["adapter"] == ("consolidator" if role in ("answer", "default") else role)
         assert route["enable_thinking"] is False and route["max_tokens"] == 96  # sampling kept from the recipe
     # The printed routing is a recipe fragment that loads.
     fragment = tmp_path / "routing.yaml"
@@ -108,7 +128,8 @@ def test_adapters_later_plans_slots_and_runtime_loading_before_any_adapter_exist
                        adapters_later=True).max_lora_rank == 16  # the smallest vLLM rank that holds 12
     # The routing is the same as the adapters' server will have: the served adapter names.
     assert {role: route.adapter for role, route in plan.routes.items()} == {
-        "proposer": "proposer", "writer": "writer", "consolidator": "consolidator", "answer": "consolidator"}
+        "proposer": "proposer", "writer": "writer", "consolidator": "consolidator", "answer": "consolidator",
+        "default": "consolidator"}
 
 
 @pytest.mark.parametrize("ranks, expected", [({"writer": 16}, 16), ({"writer": 12}, 16), ({"proposer": 32, "writer": 16}, 32)])
@@ -140,16 +161,16 @@ def test_thinking_and_shared_adapter_follow_the_recipe(tmp_path, tiny_qwen3, mak
 
 def test_distilled_routes_offline_engine_and_server(tmp_path, adapters_dir):
     recipe = load_recipe(str(write_recipe(tmp_path, adapters_dir)))
-    engine = distilled_routes(recipe, via="engine")
+    engine = student_routes(recipe, distilled_set(recipe), via="engine")
     assert engine["writer"].backend == "vllm" and engine["writer"].adapter == str(adapters_dir / "writer")
     assert engine["answer"].adapter == str(adapters_dir / "consolidator")
     assert engine["writer"].model == "builtin:tiny-qwen3"
-    server = with_distilled_routes(recipe, via="server")
+    server = with_student_routes(recipe, distilled_set(recipe), via="server")
     assert server.route("proposer").backend == "openai" and server.route("proposer").adapter == "proposer"
     assert server.route("some_other_role").adapter == "consolidator"  # "default" falls back to the consolidator
-    assert adapter_paths(recipe) == {name: adapters_dir / name for name in ADAPTERS}
+    assert distilled_set(recipe).served() == {name: adapters_dir / name for name in ADAPTERS}
     with pytest.raises(MapsTrainError, match="via must be 'engine' or 'server'"):
-        distilled_routes(recipe, via="cloud")
+        student_routes(recipe, distilled_set(recipe), via="cloud")
 
 
 # ---------------------------------------------------------------- adapters the server would refuse: one line each

@@ -15,7 +15,7 @@ import test_qwen3_templates
 from test_qwen3_templates import THINK, run_through_template, steps
 
 from maps_train.llm.budget import REASONING_CAP_CLOSE, ReasoningCap
-from maps_train.llm.common import CUT_MARK
+from maps_train.llm.prompt_fit import CUT_MARK
 from maps_train.retrieval.base import Hit
 
 tokenizers = test_qwen3_templates.tokenizers  # the fixture: the tiny Qwen3 tokenizer with each real template

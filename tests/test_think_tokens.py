@@ -21,7 +21,8 @@ import shutil
 
 import pytest
 
-from maps_train.llm.common import call_spec, decode_generated, think_tags_special
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.thinking import decode_generated, think_tags_special
 from maps_train.llm.types import ChatRequest
 from maps_train.recipe import BackendConfig, RoleRoute
 

@@ -28,15 +28,10 @@ from maps_train.agents.baselines.search_o1 import (
 from maps_train.agents.maps import MapsEngine
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
-from maps_train.llm.common import (
-    call_spec,
-    join_continuation,
-    prompt_closes_thinking,
-    prompt_opens_thinking,
-    render_prompt,
-    split_thinking,
-)
+from maps_train.llm.call_spec import call_spec
+from maps_train.llm.rendering import join_continuation, render_prompt
 from maps_train.llm.router import Router
+from maps_train.llm.thinking import prompt_closes_thinking, prompt_opens_thinking, split_thinking
 from maps_train.questions import Question
 from maps_train.recipe import BackendConfig, RoleRoute, load_recipe
 from maps_train.records.answer import Cost

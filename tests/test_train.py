@@ -491,7 +491,7 @@ def test_shared_adapter_through_the_cli_with_wandb_offline(sft_dir, tmp_path):
     result = run(command)
     folder = tmp_path / "adapters" / "shared"
     assert f"{folder}: ok" in result.stdout
-    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["_trainer", "shared"]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["_trainer", "adapters.json", "shared"]
     summary = json.loads((folder / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["sft_sources"] == list(ROLES)
     assert summary["trace_roles"] == ["answer", "consolidator", "proposer", "writer"]

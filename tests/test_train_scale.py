@@ -61,6 +61,22 @@ def kill_job(process: subprocess.Popen) -> None:
     assert not still_running, f"not killed: {still_running}"
 
 
+def whole_checkpoint(folder: Path, ranks: int) -> bool:
+    """Every file the Trainer's save writes last is there and whole: rank 0's `trainer_state.json` (JSON) and each
+    rank's `rng_state_<rank>.pth` (a zip archive, read to its end). The ranks write these with no barrier between."""
+    import zipfile
+
+    try:
+        json.loads((folder / "trainer_state.json").read_text())
+        for rank in range(ranks):
+            with zipfile.ZipFile(folder / f"rng_state_{rank}.pth") as archive:
+                if archive.testzip() is not None:
+                    return False
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+    return True
+
+
 def lora_weights(folder: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -78,19 +94,18 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(sft_dir, tmp_path):  # n
     command = cli_train(recipe, "--num-processes", "2")
     checkpoints = tmp_path / "out" / "_trainer" / "shared"
     # trainer_state.json is among the last files a checkpoint writes: its presence means the checkpoint is usable.
-    first_state = checkpoints / f"checkpoint-{SAVE_STEPS}" / "trainer_state.json"
+    first = checkpoints / f"checkpoint-{SAVE_STEPS}"
     process = subprocess.Popen(command, cwd=REPO, env=train_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(first_state.is_file, process)
+        wait_for(lambda: whole_checkpoint(first, ranks=2), process)
     finally:
         kill_job(process)
     assert process.returncode == -signal.SIGKILL
     assert not (tmp_path / "out" / "shared" / "train_summary.json").exists(), "the run finished before the kill"
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(checkpoints))
-    killed_at = int(last.rsplit("-", 1)[1])
+    last = max((path for path in checkpoints.glob("checkpoint-*") if whole_checkpoint(path, ranks=2)),
+               key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    killed_at = int(last.name.rsplit("-", 1)[1])
     assert SAVE_STEPS <= killed_at < KILL_RUN_STEPS
 
     result = run(command)
@@ -173,19 +188,33 @@ def test_two_node_launch_trains_the_same_adapter_as_one_node(sft_dir, tmp_path):
 
 def test_resume_skips_a_checkpoint_that_a_kill_cut_short(tmp_path):
     """A kill in the middle of a save leaves a `checkpoint-<N>` holding part of its files (seen: only one rank's
-    `rng_state_1.pth`). transformers' `get_last_checkpoint` would resume from it, by its number alone, and fail;
-    the last checkpoint whose `trainer_state.json` (written last) exists is resumed from instead."""
+    `rng_state_1.pth`), or one whose `trainer_state.json` rank 0 wrote while rank 1 was still writing its RNG state
+    (the Trainer puts no barrier between the two, and fails loading a torn RNG file). transformers'
+    `get_last_checkpoint` would resume from either, by its number alone, and fail; the newest whole checkpoint is
+    resumed from instead."""
+    import torch
     from transformers.trainer_utils import get_last_checkpoint
 
     from maps_train.train.sft import last_complete_checkpoint
 
-    for step, files in ((10, ["adapter_model.safetensors", "rng_state_0.pth", "trainer_state.json"]),
-                        (20, ["rng_state_1.pth"])):
+    whole_rng = tmp_path / "rng.pth"
+    torch.save({"cpu": torch.get_rng_state()}, whole_rng)
+    torn_rng = whole_rng.read_bytes()[: whole_rng.stat().st_size // 2]
+    for step, files in ((10, ["adapter_model.safetensors", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"]),
+                        (20, ["rng_state_1.pth"]),
+                        (30, ["adapter_model.safetensors", "rng_state_0.pth", "torn:rng_state_1.pth",
+                              "trainer_state.json"])):
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
         for name in files:
-            # an intact trainer_state.json names its step (a torn one is skipped too)
-            (folder / name).write_text(json.dumps({"global_step": step}) if name == "trainer_state.json" else "{}")
-    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-20")  # what resumed before
+            if name == "trainer_state.json":  # an intact trainer_state.json names its step (a torn one is skipped too)
+                (folder / name).write_text(json.dumps({"global_step": step}))
+            elif name.startswith("torn:"):
+                (folder / name.removeprefix("torn:")).write_bytes(torn_rng)
+            elif name.endswith(".pth"):
+                (folder / name).write_bytes(whole_rng.read_bytes())
+            else:
+                (folder / name).write_text("{}")
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-30")  # what resumed before
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
     assert last_complete_checkpoint(tmp_path / "absent") is None

