@@ -218,3 +218,24 @@ def test_resume_skips_a_checkpoint_that_a_kill_cut_short(tmp_path):
     assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-30")  # what resumed before
     assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
     assert last_complete_checkpoint(tmp_path / "absent") is None
+
+
+def test_a_resume_restores_to_the_indexed_cpu_device_accelerate_names_a_cpu_rank(tmp_path):
+    """accelerate's CPU ranks run on `cpu:0`, the Trainer's map_location for a resumed optimizer state: torch alone
+    cannot restore there (what failed a two-rank resume); after `restore_to_indexed_cpu` it can."""
+    script = (
+        "import torch, sys\n"
+        "torch.save({'step': torch.ones(3)}, sys.argv[1])\n"
+        "try:\n"
+        "    torch.load(sys.argv[1], map_location=torch.device('cpu', 0), weights_only=True)\n"
+        "    print('restored before')\n"
+        "except RuntimeError:\n"
+        "    print('refused before')\n"
+        "from maps_train.train.sft import restore_to_indexed_cpu\n"
+        "restore_to_indexed_cpu(); restore_to_indexed_cpu()\n"
+        "state = torch.load(sys.argv[1], map_location=torch.device('cpu', 0), weights_only=True)\n"
+        "print(state['step'].tolist(), state['step'].device)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "optimizer.pt")], cwd=REPO,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[:2] == ["refused before", "[1.0, 1.0, 1.0] cpu"]

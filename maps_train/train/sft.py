@@ -13,6 +13,7 @@ make it delete anything else.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -56,7 +57,22 @@ def distributed_state():
     """
     from accelerate import PartialState
 
+    restore_to_indexed_cpu()
     return PartialState(cpu=on_cpu())
+
+
+def _indexed_cpu_storage(storage, location: str):
+    return storage if location.startswith("cpu:") else None
+
+
+@functools.cache
+def restore_to_indexed_cpu() -> None:
+    """Let `torch.load` restore to `cpu:<n>`. accelerate names a CPU rank's device `cpu:0` when ranks join a gloo
+    group, and the Trainer resumes a multi-rank run's optimizer state with that device as `map_location`; torch
+    restores only to `cpu` and fails the resume. Registered once per process, through torch's own package registry."""
+    from torch import serialization
+
+    serialization.register_package(30, lambda obj: None, _indexed_cpu_storage)
 
 
 def choose_precision(bf16: bool | None, dtype: str = "auto", section: str = "train.sft") -> Precision:
