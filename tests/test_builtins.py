@@ -46,6 +46,23 @@ def test_smollm2_answers_a_chat_prompt(smollm2):
     assert "paris" in tokenizer.decode(out[0][ids["input_ids"].shape[1]:]).lower()
 
 
+def test_smollm2_names_the_token_that_ends_its_turn_as_eos(smollm2):
+    """The tokenizer's EOS is the token the model ends a turn with (the GGUF's eos id, `<|im_end|>`): what xgrammar's
+    stop token, the HF backend's stop list and TRL's appended EOS read. The GGUF conversion alone names `<|im_start|>`."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    generation = json.loads((Path(smollm2) / "generation_config.json").read_text())
+    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) == ("<|im_end|>", "<|im_start|>", "<|im_end|>")
+    assert tokenizer.eos_token_id == generation["eos_token_id"] == 2
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+                                         tokenize=False)
+    assert chat.rstrip("\n").endswith("Hello" + tokenizer.eos_token)
+
+
 def test_unknown_builtin_and_offline_hub_id(monkeypatch):
     with pytest.raises(MapsTrainError, match=r"builtin:nope: unknown builtin"):
         resolve_model("builtin:nope")

@@ -23,6 +23,17 @@ from maps_train.paths import home
 TINY_QWEN3_VOCAB = 2048
 
 
+# A builtin whose conversion changed names its new build here: a folder marked by an older build is made again.
+BUILD_VERSIONS = {"smollm2-135m-instruct": "v2 (special tokens from the GGUF's ids)"}
+
+
+def _built(target: Path, stamp: str) -> bool:
+    try:
+        return (target / ".complete").read_text() == stamp
+    except OSError:
+        return False
+
+
 def builtin_dir(name: str) -> Path:
     return home() / "builtins" / name
 
@@ -36,16 +47,17 @@ def materialise(name: str) -> Path:
     if name not in makers:
         raise MapsTrainError(f"builtin:{name}: unknown builtin (known: {', '.join('builtin:' + n for n in makers)})")
     target = builtin_dir(name)
-    if (target / ".complete").exists():
+    stamp = f"{BUILD_VERSIONS.get(name, 'ok')}\n"
+    if _built(target, stamp):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if (target / ".complete").exists():
+        if _built(target, stamp):
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
             makers[name](staging)
-            (staging / ".complete").write_text("ok\n")
+            (staging / ".complete").write_text(stamp)
             if target.exists():
                 shutil.rmtree(target)
             staging.rename(target)
@@ -89,9 +101,24 @@ def _make_smollm2(out: Path) -> None:
         delattr(model.config, "quantization_config")
     model.hf_quantizer = None
     model.is_quantized = False
+    _tokens_from_gguf_ids(tokenizer, model.config)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     _check_chat_template(out)
+
+
+def _tokens_from_gguf_ids(tokenizer, config) -> None:
+    """Name the tokenizer's special tokens by the GGUF's own ids (`tokenizer.ggml.{bos,eos,padding}_token_id`, which
+    transformers reads into the model config). transformers' GGUF tokenizer conversion names `<|im_start|>` as the
+    end of sequence here, while the model ends a turn with `<|im_end|>` (id 2): a stop list, TRL's appended EOS or a
+    grammar's stop token taken from the tokenizer would be the wrong token."""
+    for field, config_id in (("bos_token", config.bos_token_id), ("eos_token", config.eos_token_id),
+                             ("pad_token", config.pad_token_id)):
+        if isinstance(config_id, int):
+            setattr(tokenizer, field, tokenizer.convert_ids_to_tokens(config_id))
+    if tokenizer.eos_token_id != config.eos_token_id:
+        raise MapsTrainError(f"builtin:smollm2-135m-instruct: tokenizer EOS {tokenizer.eos_token_id} is not the "
+                             f"model's {config.eos_token_id} after conversion")
 
 
 def _check_chat_template(folder: Path) -> None:
