@@ -51,7 +51,7 @@ def test_same_hits_as_the_fp32_flat_index(dense_fp16, dense_dir):
     assert np.array_equal(fp16_rows, fp32_rows)
     np.testing.assert_allclose(fp16_scores, fp32_scores, atol=1e-5)  # only the summation order differs
     hits = dense_fp16.search(QUERIES[:1], 3)[0]
-    assert [hit.score for hit in hits] == [float(s) for s in fp32_scores[0, :3]]
+    assert [hit.score for hit in hits] == pytest.approx([float(s) for s in fp32_scores[0, :3]], abs=1e-5)
 
 
 def test_load_logs_where_the_index_lives(dense_dir, encoder, caplog):
