@@ -216,8 +216,7 @@ def test_rl_with_no_question_to_train_on_is_refused(tmp_path):
 
 
 def test_an_rl_summary_of_no_step_is_not_finished(tmp_path):
-    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir
-    from maps_train.rl.reward_settings import is_finished, reward_settings
+    from maps_train.rl.layout import SUMMARY_FILE, is_finished, reward_settings, rl_adapter_dir
 
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path / 'rl'}", "rl.roles=[consolidator]"])
     folder = rl_adapter_dir(recipe, "consolidator")

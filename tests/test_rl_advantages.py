@@ -157,8 +157,14 @@ def test_trl_advantages_ignore_a_few_tokens_and_favour_the_right_branch(tiny_qwe
 def test_a_role_trained_under_other_reward_settings_is_refused_not_skipped(tmp_path):
     import json
 
-    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir, rl_trainer_dir
-    from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
+    from maps_train.rl.layout import (
+        SUMMARY_FILE,
+        is_finished,
+        record_reward_settings,
+        reward_settings,
+        rl_adapter_dir,
+        rl_trainer_dir,
+    )
 
     recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.1"])
     assert reward_settings(recipe, "consolidator")["reward"]["cost_weight"] == 0.1
@@ -207,9 +213,8 @@ def test_the_policy_scores_without_dropout(tiny_qwen3, tmp_path):
 def test_a_role_reward_prices_one_role_and_leaves_the_others(tmp_path):
     import json
 
-    from maps_train.rl.layout import SUMMARY_FILE, rl_adapter_dir
+    from maps_train.rl.layout import SUMMARY_FILE, is_finished, record_reward_settings, reward_settings, rl_adapter_dir
     from maps_train.rl.policy_model import build_grpo_config
-    from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
     from maps_train.rl.rewards import reward_weights
 
     both = [f"rl.output_dir={tmp_path}", "rl.roles=[writer, consolidator]", "rl.reward.process_weight=1.0"]

@@ -1,5 +1,5 @@
 """Resuming a role from its checkpoints, which the Trainer's own resume does not do right for a policy adapter
-beside TRL's frozen "ref" copy; and the RL adapter folder cut to the one adapter vLLM loads."""
+beside TRL's frozen "ref" copy."""
 
 from __future__ import annotations
 
@@ -45,10 +45,3 @@ def restore_policy_adapter(trainer, checkpoint: Path) -> None:
     if missing:
         raise MapsTrainError(f"{checkpoint}: the checkpoint lacks {len(missing)} policy weights (e.g. {missing[0]})")
 
-
-def drop_reference_copy(out_dir: Path) -> None:
-    """PEFT saves every adapter of the model, TRL's frozen "ref" copy (the distilled adapter) in `ref/`: not part of
-    the RL adapter, and a vLLM LoRA folder holds one adapter."""
-    import shutil
-
-    shutil.rmtree(out_dir / "ref", ignore_errors=True)

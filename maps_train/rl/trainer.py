@@ -51,7 +51,7 @@ from maps_train.llm.vllm_internals import vllm_kernel_scan_guard
 from maps_train.platform import apply_runtime_defaults, vllm_on_cpu
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
-from maps_train.rl.checkpoints import checkpoint_step, drop_reference_copy, restore_policy_adapter, state_of_checkpoint
+from maps_train.rl.checkpoints import checkpoint_step, restore_policy_adapter, state_of_checkpoint
 from maps_train.rl.checks import check_rl_config
 from maps_train.rl.curves import plot_rl_curves
 from maps_train.rl.environment import environment_recipe, load_rl_questions
@@ -61,14 +61,17 @@ from maps_train.rl.layout import (
     claim_folder,
     curves_png,
     curves_title,
+    drop_reference_copy,
+    is_finished,
     is_main_rank,
     policy_start,
+    record_reward_settings,
+    reward_settings,
     rl_adapter_dir,
     rl_trainer_dir,
     with_rl_adapter,
 )
 from maps_train.rl.policy_model import build_grpo_config, colocated_engine_dtype, load_policy_model
-from maps_train.rl.reward_settings import is_finished, record_reward_settings, reward_settings
 from maps_train.rl.rewards import reward_functions
 from maps_train.rl.rollout import HitLog, trained_trace_roles
 from maps_train.rl.rollout_func import MapsRollouts
