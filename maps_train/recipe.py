@@ -358,6 +358,10 @@ class SFTDataConfig:
         "help": "Drop rows with longer completions, counted with `tokenizer`; null: no cap."})
     dedupe: bool = field(default=True, metadata={
         "help": "Drop a role call whose (role, prompt, completion) an earlier kept sample already gave."})
+    drop_question_echo: bool = field(default=False, metadata={
+        "help": "Drop a writer row whose sub-query is the question itself (equal after FlashRAG's answer "
+                "normalisation; counted as question_echo): the question's own search is agent.search_question's, so "
+                "such a row teaches the writer to spend a direction on what that search finds."})
     max_samples_per_question: int | None = field(default=2, metadata={
         "help": "Kept samples (traces) per question, in sample order; null: all."})
     skip_bad_lines: bool = field(default=False, metadata={"help": "Skip unreadable trace lines instead of stopping."})
@@ -675,6 +679,8 @@ def sft_set_settings(recipe: Recipe) -> dict[str, Any]:
         settings.update(filter=config.filter, min_answer_f1=config.min_answer_f1)
     if config.min_rows_per_role:  # only then: sets written before the floor keep their folder
         settings["min_rows_per_role"] = config.min_rows_per_role
+    if config.drop_question_echo:  # only then: sets written before the option keep their folder
+        settings["drop_question_echo"] = True
     # sft-data drops rows longer than train.sft.max_length (TRL would cut their completion), counted with the
     # student's template: then both decide the rows. Students with one tokenizer and max_length share a set.
     max_length = recipe.train.sft.get("max_length")

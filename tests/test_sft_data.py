@@ -134,3 +134,40 @@ def test_eval_fraction_holds_out_whole_questions_seeded(tmp_path):
         != held_out
     build_sft_sets(load_recipe(None, overrides), out_dir=str(tmp_path / "again"))
     assert not (tmp_path / "again" / "writer" / "eval.jsonl").exists()
+
+
+def test_drop_question_echo_drops_only_writer_rows_that_search_the_question(tmp_path):
+    """A writer whose first call of each round writes the question itself (any case or punctuation): with
+    `sft_data.drop_question_echo` exactly those rows go, counted as question_echo, and the set gets its own folder."""
+    from maps_train.recipe import sft_set_dir
+
+    questions = tmp_path / "train.jsonl"
+    write_questions(questions, 4)
+    texts = {f"q{i}": f"Who is q{i}?" for i in range(4)}
+
+    def writer(request, turn):
+        question = texts[request.question_id]
+        return json.dumps({"query": question.upper().rstrip("?") if turn % 2 == 0 else f"lookup {question} {turn}"})
+
+    overrides = [f"traces.questions=[{questions}]", f"traces.out_dir={tmp_path / 'traces'}",
+                 f"sft_data.traces_dir={tmp_path / 'traces'}", "sft_data.tokenizer=null",
+                 "train.student=builtin:tiny-qwen3", "agent.num_directions=2"]
+    recipe = load_recipe(None, overrides + [f"sft_data.out_dir={tmp_path / 'kept'}"])
+    collect_traces(recipe, backend=ScriptedBackend({"consolidator": consolidator_sufficient_after(2), "writer": writer}),
+                   retriever=RecordingRetriever(), progress=False)
+    kept = build_sft_sets(recipe)
+    dropping = load_recipe(None, overrides + [f"sft_data.out_dir={tmp_path / 'dropped'}",
+                                              "sft_data.drop_question_echo=true"])
+    dropped = build_sft_sets(dropping)
+
+    def queries(folder):
+        return [json.loads(json.loads(line)["completion"][0]["content"])["query"]
+                for line in (folder / "writer" / "train.jsonl").read_text().splitlines()]
+
+    assert kept.examples["writer"] == 8 and sum(query.startswith("WHO IS") for query in queries(tmp_path / "kept")) == 4
+    assert dropped.examples["writer"] == 4 and all(query.startswith("lookup") for query in queries(tmp_path / "dropped"))
+    assert dropped.rejects["question_echo"] == 4 and dropped.rows["writer"]["question_echo"] == 4
+    assert dropped.examples["proposer"] == kept.examples["proposer"]
+    # with no out_dir, the folder is keyed by what decides the rows
+    echo_free = load_recipe(None, overrides + ["sft_data.drop_question_echo=true"])
+    assert sft_set_dir(load_recipe(None, overrides)) != sft_set_dir(echo_free)

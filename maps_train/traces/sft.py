@@ -26,6 +26,7 @@ does not carry its bad calls (rejection sampling per role, `credit_verdict`):
 - consolidator rows whose stop-or-continue was right: stop with the gold complete, go on with it incomplete when the
   later rounds found more (`right_decision`; dropped as `wrong_decision`);
 - answer rows whose F1 is at least `sft_data.min_answer_f1` (`answer_f1`; dropped as `wrong_answer`);
+- with `sft_data.drop_question_echo`, a writer row whose sub-query is the question itself (`question_echo`);
 - with `require_parsed`, a call whose own output did not parse is dropped (`unparsed`); a question without gold
   passages cannot judge the search and stop rows (`no_gold`), and a trace written without credit none (`no_credit`).
 
@@ -70,6 +71,7 @@ from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.credit import call_credits, has_gold
 from maps_train.records.hints import student_messages
+from maps_train.records.metrics import normalize_answer
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
@@ -229,6 +231,7 @@ INCORRECT = ("incorrect_answer", "incorrect")
 UNPARSED = ("parse_failure", "unparsed")
 OVER_CAP = ("over_cap", "over_cap")
 DUPLICATE = ("duplicate_sample", "duplicate")
+QUESTION_ECHO = "question_echo"  # sft_data.drop_question_echo: a writer row whose sub-query is the question
 
 
 class SFTSetBuilder:
@@ -310,6 +313,10 @@ class SFTSetBuilder:
 
     def _add_row(self, trace: TraceRecord, call: RoleCall) -> None:
         config, counts = self.config, self.stats.rows[call.role]
+        if config.drop_question_echo and echoes_question(trace, call):
+            self.stats.rejects[QUESTION_ECHO] += 1
+            counts[QUESTION_ECHO] += 1
+            return
         if config.dedupe:
             digest = self._digest(call)
             if digest in self.seen:
@@ -371,6 +378,12 @@ class SFTSetBuilder:
             return True
         length = self.counter.row(messages, completion, self.kwargs)
         return length is None or length <= self.max_length
+
+
+def echoes_question(trace: TraceRecord, call: RoleCall) -> bool:
+    """Whether `call` is a writer call whose sub-query is the question, equal after FlashRAG's normalisation."""
+    query = call.parsed.get("query") if call.role == "writer" and isinstance(call.parsed, dict) else None
+    return isinstance(query, str) and normalize_answer(query) == normalize_answer(trace.question)
 
 
 def credit_verdict(call: RoleCall, entry: dict[str, Any] | None, min_answer_f1: float, require_parsed: bool,
