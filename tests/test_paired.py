@@ -174,3 +174,27 @@ def test_compare_refuses_clashing_sources_and_malformed_rows_and_reads_a_path_wi
     assert done.returncode == 0 and "| base -> sft | Evidence recall, retrieved | 1 | 0.0 | 50.0 | +50.0 |" in done.stdout
     done = cli("lab/base>lab/sft", "-r", "lab=./a=b", "-r", f"o={one}", "-m", "evidence_recall")
     assert done.returncode == 0 and "| lab/base -> lab/sft | Evidence recall, retrieved | 1 |" in done.stdout, done.stderr
+
+
+def test_compare_gives_each_pairs_b_as_transfer_towards_a_teacher(tmp_path):
+    """Base 0.2, teacher 0.8 and a student at 0.5 on every question: transfer 0.5, a point interval; a teacher the
+    results lack is one line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from maps_train.cli import app
+
+    values = {"base": 0.2, "teacher": 0.8, "student": 0.5}
+    rows = [{"system": system, "dataset": "x", "question_id": q, "evidence_recall": value, "em": value, "tokens": 9}
+            for system, value in values.items() for q in "123"]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", "base>student", "-r", str(tmp_path), "-m", "evidence_recall", "-m", "tokens",
+                                 "--transfer", "base>teacher"])
+    assert result.exit_code == 0, result.output
+    assert "| student | Evidence recall, retrieved | 3 | 20.0 | 80.0 | 50.0 | +0.50 | [+0.50, +0.50] | 0 |" in result.output
+    assert "Tokens | 3 | 20.0" not in result.output  # a cost has no transfer row
+    missing = runner.invoke(app, ["compare", "base>student", "-r", str(tmp_path), "--transfer", "base>oracle"])
+    assert isinstance(missing.exception, MapsTrainError)  # the CLI's main prints it as one line, exit 2
+    assert str(missing.exception) == "system 'oracle' is in no results read (there: base, student, teacher)"

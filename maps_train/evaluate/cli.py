@@ -73,10 +73,13 @@ def register(app: typer.Typer) -> None:
         measure: list[str] = typer.Option(None, "--measure", "-m", help="Measures (default: evidence_recall, em, "
                                           "f1, rounds, retrievals, tokens)."),
         dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Only these data sets (repeatable)."),
+        transfer_to: str = typer.Option(None, "--transfer", help="BASE>TEACHER: also each pair's B as transfer, "
+                                        "(B - BASE) / (TEACHER - BASE) per measure, with its paired bootstrap "
+                                        "interval (e.g. maps_base>teacher)."),
     ) -> None:
         """Paired bootstrap 95% intervals of B - A between systems of one or more eval runs."""
         from maps_train.errors import MapsTrainError
-        from maps_train.evaluate.paired import check_systems, comparison_table, parse_pair
+        from maps_train.evaluate.paired import SCORES, check_systems, comparison_table, parse_pair, transfer_table
         from maps_train.evaluate.results import read_labelled_results, split_source
 
         labels: dict[str, str] = {}
@@ -96,9 +99,15 @@ def register(app: typer.Typer) -> None:
                 owner[system] = source
             rows += read
         parsed = [parse_pair(pair) for pair in pairs]
-        check_systems(rows, parsed)
+        towards = parse_pair(transfer_to) if transfer_to else None
+        check_systems(rows, parsed + ([towards] if towards else []))
         measures = measure or ["evidence_recall", "em", "f1", "rounds", "retrievals", "tokens"]
-        typer.echo(comparison_table(rows, parsed, measures, datasets=set(dataset) if dataset else None))
+        datasets = set(dataset) if dataset else None
+        typer.echo(comparison_table(rows, parsed, measures, datasets=datasets))
+        if towards:
+            scores = [name for name in measures if name in SCORES] or ["evidence_recall"]  # costs have no transfer
+            systems = list(dict.fromkeys(b for _, b in parsed))
+            typer.echo("\n" + transfer_table(rows, systems, *towards, scores, datasets=datasets))
 
     @app.command("report")
     def report_command(out_dir: str = typer.Argument(..., help="A suite's out_dir (holds results.jsonl)")) -> None:
