@@ -10,9 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
-from toy_sft import write_toy_sft
+from toy_sft import train_without_writer_rows
 
 from maps_train.adapters import MANIFEST_FILE, AdapterSet, distilled_set, load_set
 from maps_train.recipe import load_recipe
@@ -22,33 +21,8 @@ from maps_train.recipe import load_recipe
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """(recipe, adapters folder): `maps-train train --role all` on the toy SFT set with the writer's rows gone, its
     launcher running `python -m maps_train.train` in this process (one rank)."""
-    from typer.testing import CliRunner
-
-    from maps_train.cli import app
-    from maps_train.train import launch
-    from maps_train.train.__main__ import main
-
     root = tmp_path_factory.mktemp("adapter-set")
-    sft = root / "sft"
-    write_toy_sft(sft)
-    (sft / "writer" / "train.jsonl").write_text("")
-    (sft / "writer" / "eval.jsonl").unlink(missing_ok=True)
-    raw = {"name": "toy-set",
-           "train": {"student": "builtin:tiny-qwen3", "sft_dir": str(sft), "output_dir": str(root / "adapters"),
-                     "lora": {"r": 8, "lora_alpha": 16}, "one_launch": True,
-                     "sft": {"max_steps": 1, "save_steps": 100, "eval_strategy": "no", "max_length": 512}},
-           "rl": {"output_dir": str(root / "rl")}}
-    recipe = root / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-
-    def in_process(command: list[str]) -> int:
-        return main(command[command.index("maps_train.train") + 1:])
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        patch.setattr(launch.subprocess, "call", in_process)
-        result = CliRunner().invoke(app, ["train", str(recipe), "--role", "all", "--no-plan"])
-    assert result.exit_code == 0, result.output
+    recipe, _, _ = train_without_writer_rows(root, "toy-set", {"rl": {"output_dir": str(root / "rl")}})
     return recipe, root / "adapters"
 
 

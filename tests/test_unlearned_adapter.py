@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from toy_sft import write_toy_sft
+from toy_sft import train_without_writer_rows
 
 from maps_train.recipe import load_recipe
 
@@ -25,36 +24,10 @@ def trained(tmp_path_factory) -> tuple[Path, Path, str]:
     sft-data leaves a role under the floor (an empty train.jsonl), trained by the real `maps-train train --role all`
     command, whose launcher runs `python -m maps_train.train ...` in this process (one rank) instead of
     `accelerate launch` (the 2-rank launch is tests/test_train.py's)."""
-    from typer.testing import CliRunner
-
-    from maps_train.cli import app
-    from maps_train.train import launch
-    from maps_train.train.__main__ import main
-
     root = tmp_path_factory.mktemp("unlearned")
-    sft = root / "sft"
-    write_toy_sft(sft)
-    (sft / "writer" / "train.jsonl").write_text("")
-    (sft / "writer" / "eval.jsonl").unlink(missing_ok=True)
-    raw = {"name": "toy-unlearned",
-           "train": {"student": "builtin:tiny-qwen3", "sft_dir": str(sft), "output_dir": str(root / "adapters"),
-                     "lora": {"r": 8, "lora_alpha": 16}, "one_launch": True,
-                     "sft": {"max_steps": 1, "save_steps": 100, "eval_strategy": "no", "max_length": 512}}}
-    recipe = root / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(raw))
-    launches = []
-
-    def in_process(command: list[str]) -> int:
-        launches.append(command)
-        return main(command[command.index("maps_train.train") + 1:])
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        patch.setattr(launch.subprocess, "call", in_process)
-        result = CliRunner().invoke(app, ["train", str(recipe), "--role", "all", "--no-plan"])
-    assert result.exit_code == 0, result.output
+    recipe, output, launches = train_without_writer_rows(root, "toy-unlearned")
     assert len(launches) == 1 and launches[0][launches[0].index("--role") + 1] == "all"
-    return recipe, root / "adapters", result.output
+    return recipe, root / "adapters", output
 
 
 def test_an_adapter_with_no_rows_is_recorded_not_trained_and_the_others_train(trained):

@@ -140,3 +140,41 @@ def write_toy_sft(folder: str | Path, eval_questions: int = 2) -> dict[str, int]
                     handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         counts[adapter] = len(train)
     return counts
+
+
+def train_without_writer_rows(root: Path, name: str, extra: dict | None = None) -> tuple[Path, str, list[list[str]]]:
+    """The toy SFT set with the writer's rows gone (an empty train.jsonl, as sft-data leaves a role under its floor),
+    trained by the real `maps-train train RECIPE --role all` on the tiny Qwen3, its launcher running
+    `python -m maps_train.train ...` in this process (one rank) instead of `accelerate launch`. Returns the recipe
+    path (adapters under `<root>/adapters`), what the command printed and the launches it made."""
+    import pytest
+    import yaml
+    from typer.testing import CliRunner
+
+    from maps_train.cli import app
+    from maps_train.train import launch
+    from maps_train.train.__main__ import main
+
+    sft = root / "sft"
+    write_toy_sft(sft)
+    (sft / "writer" / "train.jsonl").write_text("")
+    (sft / "writer" / "eval.jsonl").unlink(missing_ok=True)
+    raw = {"name": name,
+           "train": {"student": "builtin:tiny-qwen3", "sft_dir": str(sft), "output_dir": str(root / "adapters"),
+                     "lora": {"r": 8, "lora_alpha": 16}, "one_launch": True,
+                     "sft": {"max_steps": 1, "save_steps": 100, "eval_strategy": "no", "max_length": 512}},
+           **(extra or {})}
+    recipe = root / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    launches: list[list[str]] = []
+
+    def in_process(command: list[str]) -> int:
+        launches.append(command)
+        return main(command[command.index("maps_train.train") + 1:])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        patch.setattr(launch.subprocess, "call", in_process)
+        result = CliRunner().invoke(app, ["train", str(recipe), "--role", "all", "--no-plan"])
+    assert result.exit_code == 0, result.output
+    return recipe, result.output, launches
