@@ -18,14 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from maps_train.errors import MapsTrainError
+from maps_train.platform import free_port
+from maps_train.serve.server import wait_until_healthy
+
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS = ["--header-timeout-s", "1", "--read-timeout-s", "1", "--send-timeout-s", "2"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +39,10 @@ def service(short_corpus, tmp_path_factory):
         process = subprocess.Popen(command + OPTIONS, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):  # until it answers, at most about a minute
-            try:
-                httpx.get(f"{url}/health", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert process.poll() is None, log.read_text()
-                time.sleep(0.1)
-        else:
-            pytest.fail(f"the service did not start: {log.read_text()}")
+        try:  # until it answers, at most a minute
+            wait_until_healthy(process, f"{url}/health", 60, lambda code: f"the service exited {code}")
+        except MapsTrainError as err:
+            pytest.fail(f"the service did not start ({err}): {log.read_text()}")
         yield url, port
     finally:
         process.terminate()
