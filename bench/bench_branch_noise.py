@@ -38,10 +38,12 @@ def main() -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
+    from maps_train.adapters import rl_source_set
     from maps_train.models import resolve_model
     from maps_train.recipe import load_recipe
     from maps_train.retrieval.factory import build_retriever
     from maps_train.rl.environment import environment_recipe, load_rl_questions
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy import ModelSampler, PolicyBackend, Sampling
     from maps_train.rl.policy_model import load_policy_model
     from maps_train.rl.rewards import PARTS, reward_parts, reward_weights
@@ -59,7 +61,7 @@ def main() -> None:
     base = load_recipe(args.recipe)
     questions = load_rl_questions(base)[: args.questions]
     retriever = build_retriever(base.retrieval)
-    model, _ = load_policy_model(base, base.rl.roles[0], "float32")
+    model, _ = load_policy_model(RoleRun.of(base, base.rl.roles[0]), "float32", rl_source_set(base))
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(base.train.student))
     weights = reward_weights(base.rl.reward)
     report = {}

@@ -84,15 +84,16 @@ def test_a_folder_from_before_the_manifest_routes_as_its_records_say(trained, tm
 def test_an_rl_set_serves_its_rl_adapter_for_the_roles_it_trained(trained, tmp_path):
     """RL of the consolidator (its answer role left to the base model: it trained only the consolidator's calls)
     leaves a whole set: the RL adapter and the SFT set's others; serve, eval and RL read it as one."""
-    from maps_train.rl.layout import rl_adapter_dir, with_rl_adapter
+    from maps_train.rl.layout import RoleRun
 
     recipe_path, adapters = trained
     recipe = load_recipe(str(recipe_path))
-    rl_folder = rl_adapter_dir(recipe, "consolidator")
+    run = RoleRun.of(recipe, "consolidator")
+    rl_folder = run.adapter_dir
     shutil.copytree(adapters / "consolidator", rl_folder)  # the weights RL would save, and its record
     (rl_folder / "train_summary.json").unlink()
     (rl_folder / "rl_summary.json").write_text(json.dumps({"trained_roles": ["consolidator"]}))
-    rl_set = with_rl_adapter(distilled_set(recipe), recipe, "consolidator", ["consolidator"], str(adapters / "x"))
+    rl_set = run.with_rl_adapter(distilled_set(recipe), ["consolidator"], str(adapters / "x"))
     rl_set.write()
     reread = load_set(rl_folder.parent, recipe)
     assert reread.from_manifest and reread.adapter_of("consolidator").stage == "rl"
@@ -113,7 +114,9 @@ def test_rl_policy_and_environment_start_from_the_same_adapters(trained, tmp_pat
     (on main the policy read train.output_dir and the environment serve.adapters_dir: two students)."""
     from peft import PeftModel
 
+    from maps_train.adapters import rl_source_set
     from maps_train.rl.environment import environment_recipe
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import load_policy_model
 
     recipe_path, adapters = trained
@@ -124,7 +127,7 @@ def test_rl_policy_and_environment_start_from_the_same_adapters(trained, tmp_pat
     recipe = load_recipe(str(recipe_path), overrides)
     environment = environment_recipe(recipe)
     assert environment.route("proposer").adapter == str(served / "proposer")
-    model, lora = load_policy_model(recipe, "proposer", "float32")
+    model, lora = load_policy_model(RoleRun.of(recipe, "proposer"), "float32", rl_source_set(recipe))
     assert lora is None and isinstance(model, PeftModel)
     saved = load_file(str(served / "proposer" / "adapter_model.safetensors"))
     state = {key: value for key, value in model.state_dict().items() if "lora_" in key}

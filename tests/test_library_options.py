@@ -69,15 +69,16 @@ def test_the_options_maps_train_reads_are_the_library_objects_values(path, tmp_p
 def test_rl_trains_with_trls_gradient_checkpointing_when_the_recipe_is_silent(tmp_path):
     """TRL's GRPOConfig checkpoints by default; the demo's RL recipe does not say: the trainer's GRPOConfig and the
     options every stage reads agree (the plan once read the unset key as off)."""
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import build_grpo_config
 
     recipe = load_recipe("recipes/demo/rl.yaml", [f"rl.output_dir={tmp_path}"])
     assert "gradient_checkpointing" not in recipe.rl.grpo
-    args = build_grpo_config(recipe, "consolidator", bf16=False, wandb_on=False)
+    args = build_grpo_config(RoleRun.of(recipe, "consolidator"), bf16=False, wandb_on=False)
     assert args.gradient_checkpointing is True
     assert GRPOOptions.of(recipe.rl.grpo).gradient_checkpointing is True
     off = load_recipe("recipes/demo/rl.yaml", [f"rl.output_dir={tmp_path}", "rl.grpo.gradient_checkpointing=false"])
-    assert build_grpo_config(off, "consolidator", bf16=False, wandb_on=False).gradient_checkpointing is False
+    assert build_grpo_config(RoleRun.of(off, "consolidator"), bf16=False, wandb_on=False).gradient_checkpointing is False
     assert GRPOOptions.of(off.rl.grpo).gradient_checkpointing is False
 
 

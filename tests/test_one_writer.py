@@ -216,13 +216,13 @@ def test_rl_with_no_question_to_train_on_is_refused(tmp_path):
 
 
 def test_an_rl_summary_of_no_step_is_not_finished(tmp_path):
-    from maps_train.rl.layout import SUMMARY_FILE, is_finished, reward_settings, rl_adapter_dir
+    from maps_train.rl.layout import SUMMARY_FILE, RoleRun
 
-    recipe = load_recipe(None, [f"rl.output_dir={tmp_path / 'rl'}", "rl.roles=[consolidator]"])
-    folder = rl_adapter_dir(recipe, "consolidator")
+    run = RoleRun.of(load_recipe(None, [f"rl.output_dir={tmp_path / 'rl'}", "rl.roles=[consolidator]"]), "consolidator")
+    folder = run.adapter_dir
     folder.mkdir(parents=True)
-    summary = {"global_step": 0, "reward_settings": reward_settings(recipe, "consolidator")}
+    summary = {"global_step": 0, "reward_settings": run.reward_settings()}
     (folder / SUMMARY_FILE).write_text(json.dumps(summary))
-    assert not is_finished(recipe, "consolidator")
+    assert not run.is_finished()
     (folder / SUMMARY_FILE).write_text(json.dumps({**summary, "global_step": 2}))
-    assert is_finished(recipe, "consolidator")
+    assert run.is_finished()

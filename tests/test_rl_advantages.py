@@ -107,12 +107,13 @@ def trl_advantages(tiny_qwen3: str, tmp_path, traces: list[TraceRecord], config_
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import build_grpo_config
 
     g = len(traces)
     recipe = load_recipe(None, [f"rl.num_generations={g}", f"rl.grpo.per_device_train_batch_size={g}",
                                 f"rl.output_dir={tmp_path}", "rl.roles=[consolidator]", *config_overrides])
-    args = build_grpo_config(recipe, "consolidator", bf16=False, wandb_on=False)
+    args = build_grpo_config(RoleRun.of(recipe, "consolidator"), bf16=False, wandb_on=False)
     funcs = reward_functions(recipe.rl.reward_for("consolidator"), ["consolidator", "answer"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     tokenizer.padding_side = "left"
@@ -157,34 +158,27 @@ def test_trl_advantages_ignore_a_few_tokens_and_favour_the_right_branch(tiny_qwe
 def test_a_role_trained_under_other_reward_settings_is_refused_not_skipped(tmp_path):
     import json
 
-    from maps_train.rl.layout import (
-        SUMMARY_FILE,
-        is_finished,
-        record_reward_settings,
-        reward_settings,
-        rl_adapter_dir,
-        rl_trainer_dir,
-    )
+    from maps_train.rl.layout import RoleRun
 
-    recipe = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.1"])
-    assert reward_settings(recipe, "consolidator")["reward"]["cost_weight"] == 0.1
-    assert reward_settings(recipe, "consolidator")["scale_rewards"] == "none"
-    record_reward_settings(recipe, "consolidator")  # a first run writes them
-    record_reward_settings(recipe, "consolidator")  # a resume under the same ones goes on
-    other = load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.2", "rl.grpo.scale_rewards=group"])
+    run = RoleRun.of(load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.1"]), "consolidator")
+    assert run.reward_settings()["reward"]["cost_weight"] == 0.1
+    assert run.reward_settings()["scale_rewards"] == "none"
+    run.record_reward_settings()  # a first run writes them
+    run.record_reward_settings()  # a resume under the same ones goes on
+    other = RoleRun.of(load_recipe(None, [f"rl.output_dir={tmp_path}", "rl.reward.cost_weight=0.2",
+                                          "rl.grpo.scale_rewards=group"]), "consolidator")
     with pytest.raises(MapsTrainError, match=r"reward_settings.json: rl consolidator was trained under other reward "
                                              r"settings \(reward.cost_weight, scale_rewards differ\)"):
-        record_reward_settings(other, "consolidator")
-    assert (rl_trainer_dir(recipe, "consolidator") / "reward_settings.json").is_file()
-    summary = rl_adapter_dir(recipe, "consolidator") / SUMMARY_FILE
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"reward_settings": reward_settings(recipe, "consolidator")}))
-    assert is_finished(recipe, "consolidator")
+        other.record_reward_settings()
+    assert (run.trainer_dir / "reward_settings.json").is_file()
+    run.summary_file.parent.mkdir(parents=True, exist_ok=True)
+    run.summary_file.write_text(json.dumps({"reward_settings": run.reward_settings()}))
+    assert run.is_finished()
     with pytest.raises(MapsTrainError, match=r"rl_summary.json: rl consolidator was trained under other reward"):
-        is_finished(other, "consolidator")
-    summary.write_text(json.dumps({"global_step": 3}))  # a summary from before the settings were recorded
+        other.is_finished()
+    run.summary_file.write_text(json.dumps({"global_step": 3}))  # a summary from before the settings were recorded
     with pytest.raises(MapsTrainError, match=r"\(\(none recorded\) differ\)"):
-        is_finished(recipe, "consolidator")
+        run.is_finished()
 
 
 def test_the_policy_scores_without_dropout(tiny_qwen3, tmp_path):
@@ -213,7 +207,7 @@ def test_the_policy_scores_without_dropout(tiny_qwen3, tmp_path):
 def test_a_role_reward_prices_one_role_and_leaves_the_others(tmp_path):
     import json
 
-    from maps_train.rl.layout import SUMMARY_FILE, is_finished, record_reward_settings, reward_settings, rl_adapter_dir
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import build_grpo_config
     from maps_train.rl.rewards import reward_weights
 
@@ -224,22 +218,22 @@ def test_a_role_reward_prices_one_role_and_leaves_the_others(tmp_path):
     assert (consolidator.cost_weight, consolidator.charge_cost, consolidator.process_weight) == (0.2, "all", 1.0)
     assert (writer.cost_weight, writer.charge_cost, writer.process_weight) == (0.0, "right", 1.0)
     # TRL's own GRPOConfig gets each role's weights (the cost part is the third).
-    weights = {role: build_grpo_config(recipe, role, bf16=False, wandb_on=False).reward_weights
+    weights = {role: build_grpo_config(RoleRun.of(recipe, role), bf16=False, wandb_on=False).reward_weights
                for role in ("writer", "consolidator")}
     assert weights == {role: reward_weights(recipe.rl.reward_for(role)) for role in weights}
     assert weights["consolidator"][2] == 0.2 and weights["writer"][2] == 0.0
     # Each role records its own reward: the consolidator's summary holds 0.2, and changing only the writer's
     # reward leaves the finished consolidator skipped, not refused.
-    record_reward_settings(recipe, "consolidator")
-    summary = rl_adapter_dir(recipe, "consolidator") / SUMMARY_FILE
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"global_step": 2, "reward_settings": reward_settings(recipe, "consolidator")}))
+    run = RoleRun.of(recipe, "consolidator")
+    run.record_reward_settings()
+    run.summary_file.parent.mkdir(parents=True, exist_ok=True)
+    run.summary_file.write_text(json.dumps({"global_step": 2, "reward_settings": run.reward_settings()}))
     writer_priced = load_recipe(None, [*both, "rl.role_reward={consolidator: {cost_weight: 0.2, charge_cost: all},"
                                               " writer: {cost_weight: 0.5}}"])
-    assert is_finished(writer_priced, "consolidator")
+    assert RoleRun.of(writer_priced, "consolidator").is_finished()
     unpriced = load_recipe(None, both)
     with pytest.raises(MapsTrainError, match=r"reward.charge_cost, reward.cost_weight differ"):
-        is_finished(unpriced, "consolidator")
+        RoleRun.of(unpriced, "consolidator").is_finished()
 
 
 @pytest.mark.parametrize("override, message", [

@@ -13,7 +13,7 @@ from maps_train.cli import app
 from maps_train.errors import MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.rl.curves import PANELS, metric_series, plot_rl_curves, read_log_history
-from maps_train.rl.layout import curves_png, newest_trainer_state, plot_run_curves, rl_trainer_dir
+from maps_train.rl.layout import RoleRun, plot_run_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -85,15 +85,16 @@ def test_a_missing_or_malformed_state_file_is_a_one_line_error_naming_it(tmp_pat
 
 def test_plot_only_on_an_interrupted_run_uses_its_newest_complete_checkpoint(tmp_path):
     recipe = rl_recipe(tmp_path)
-    trainer_dir = rl_trainer_dir(recipe, "consolidator")
+    run = RoleRun.of(recipe, "consolidator")
+    trainer_dir = run.trainer_dir
     save_state(trainer_dir / "checkpoint-2", history()[:2])
     save_state(trainer_dir / "checkpoint-3", history()[:3])
     (trainer_dir / "checkpoint-4").mkdir()  # killed mid-save: no trainer_state.json, not complete
-    assert newest_trainer_state(recipe, "consolidator") == trainer_dir / "checkpoint-3" / "trainer_state.json"
-    assert plot_run_curves(recipe) == [curves_png(recipe, "consolidator")]
-    assert curves_png(recipe, "consolidator").read_bytes()[:8] == PNG_MAGIC
+    assert run.newest_trainer_state() == trainer_dir / "checkpoint-3" / "trainer_state.json"
+    assert plot_run_curves(recipe) == [run.curves_png]
+    assert run.curves_png.read_bytes()[:8] == PNG_MAGIC
     save_state(trainer_dir, history())  # the run finished: Trainer.save_state's file wins over the checkpoints
-    assert newest_trainer_state(recipe, "consolidator") == trainer_dir / "trainer_state.json"
+    assert run.newest_trainer_state() == trainer_dir / "trainer_state.json"
 
 
 def test_cli_plot_only_prints_the_png_and_fails_without_a_run(tmp_path):

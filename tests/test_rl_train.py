@@ -28,7 +28,7 @@ from maps_train.errors import ConfigError, MapsTrainError
 from maps_train.recipe import load_recipe
 from maps_train.rl.checks import check_rl_config
 from maps_train.rl.environment import environment_recipe
-from maps_train.rl.layout import claim_folder, with_rl_adapter
+from maps_train.rl.layout import RoleRun, claim_folder
 from maps_train.train.adapter_check import check_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -200,8 +200,8 @@ def test_the_environment_is_the_distilled_student_unless_the_recipe_says_otherwi
     assert as_written.route("writer").model == "teacher-32b"  # the recipe's own (here: its teacher's) routes
     # Once RL'd, an adapter's roles run with the new adapter in the next role's environment.
     recipe = load_recipe(None, overrides)
-    after = environment_recipe(recipe, with_rl_adapter(rl_source_set(recipe), recipe, "consolidator",
-                                                       ["consolidator", "answer"]))
+    after = environment_recipe(recipe, RoleRun.of(recipe, "consolidator").with_rl_adapter(
+        rl_source_set(recipe), ["consolidator", "answer"]))
     assert {after.route(r).adapter for r in ("consolidator", "answer")} == {str(tmp_path / "rl/adapters/consolidator")}
     assert after.route("writer").adapter == str(tmp_path / "sft" / "writer")
 

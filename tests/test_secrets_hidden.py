@@ -94,9 +94,10 @@ def test_a_hub_token_in_train_sft_is_refused_and_written_nowhere(tmp_path, capsy
 
 
 def test_a_hub_token_in_rl_grpo_is_refused():
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import build_grpo_config
 
     recipe = load_recipe(None, [f"rl.grpo.hub_token={TOKEN}"])
     with pytest.raises(ConfigError) as err:
-        build_grpo_config(recipe, "consolidator", bf16=False, wandb_on=False)
+        build_grpo_config(RoleRun.of(recipe, "consolidator"), bf16=False, wandb_on=False)
     assert str(err.value).startswith("rl.grpo.hub_token: ") and TOKEN not in str(err.value)

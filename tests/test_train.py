@@ -472,6 +472,30 @@ def test_per_role_adapters_train_on_two_ranks_and_change_the_model(per_role_adap
         assert torch.allclose(_logits(model, tokenizer), base_logits, atol=1e-6)
 
 
+def test_a_saved_adapter_is_the_trained_one_alone_naming_the_recorded_base(tiny_qwen3, tmp_path):
+    """`save_adapter`, as SFT and RL call it: the config names the base as recorded (a hub id here, not the local
+    folder the model was loaded from) in inference mode; no tokenizer files, no trainer args, no second adapter
+    (GRPO's frozen "ref" copy, which PEFT saves in a subfolder); and the folder passes vLLM's checks."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from maps_train.train.sft import save_adapter
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3), lora)
+    model.add_adapter("ref", lora)
+    assert model.peft_config["default"].base_model_name_or_path != "Qwen/Qwen3-0.6B"
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path / "trainer"), use_cpu=True, report_to=[]),
+                      processing_class=AutoTokenizer.from_pretrained(tiny_qwen3))
+    folder = tmp_path / "adapter"
+    save_adapter(trainer, folder, "Qwen/Qwen3-0.6B")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "Qwen/Qwen3-0.6B" and config["inference_mode"] is True
+    saved = {path.name for path in folder.iterdir()} - {"README.md"}  # PEFT's model card stays
+    assert saved == {"adapter_config.json", "adapter_model.safetensors"}
+    assert check_adapter(folder) == []
+
+
 @pytest.mark.slow
 def test_vllm_accepts_the_adapter_config(per_role_adapters):
     from vllm.config.lora import LoRAConfig

@@ -82,18 +82,19 @@ def test_rl_from_it_starts_a_fresh_lora_and_trains_its_roles(trained):
     from peft import LoraConfig, PeftModel
 
     from maps_train.adapters import rl_source_set
-    from maps_train.rl.layout import policy_start
+    from maps_train.rl.layout import RoleRun
     from maps_train.rl.policy_model import load_policy_model
     from maps_train.rl.rollout import trained_trace_roles
 
     recipe_path, adapters, _ = trained
     recipe = load_recipe(str(recipe_path), ["rl.init=distilled"])
-    assert policy_start("distilled", rl_source_set(recipe), "writer") is None
-    assert policy_start("distilled", rl_source_set(recipe), "proposer") == adapters / "proposer"
+    writer, proposer, source = RoleRun.of(recipe, "writer"), RoleRun.of(recipe, "proposer"), rl_source_set(recipe)
+    assert writer.policy_start(source) is None
+    assert proposer.policy_start(source) == adapters / "proposer"
     assert trained_trace_roles(recipe, "writer") == ["writer"]
-    model, lora = load_policy_model(recipe, "writer", "float32")
+    model, lora = load_policy_model(writer, "float32", source)
     assert isinstance(lora, LoraConfig) and lora.lora_dropout == 0.0 and not isinstance(model, PeftModel)
-    model, lora = load_policy_model(recipe, "proposer", "float32")
+    model, lora = load_policy_model(proposer, "float32", source)
     assert lora is None and isinstance(model, PeftModel)
 
 

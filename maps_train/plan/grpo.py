@@ -27,8 +27,8 @@ from maps_train.plan.shapes import ModelShape, model_shape
 from maps_train.plan.training import StepSettings, change_that_fits
 from maps_train.recipe import HardwareConfig, Recipe
 from maps_train.rl.environment import environment_recipe
-from maps_train.rl.layout import with_rl_adapter
-from maps_train.rl.rollout import policy_routes, trained_trace_roles
+from maps_train.rl.layout import RoleRun
+from maps_train.rl.rollout import policy_routes
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,11 @@ def environment_engines(recipe: Recipe) -> list[EngineSpec]:
     concurrency = recipe.agent.concurrency or recipe.agent.batch_size
     adapters, each_role = rl_source_set(recipe), []
     for role in recipe.rl.roles:
-        environment, trained = environment_recipe(recipe, adapters), trained_trace_roles(recipe, role, adapters)
+        run = RoleRun.of(recipe, role)
+        environment, trained = environment_recipe(recipe, adapters), run.trained_roles(adapters)
         routes = policy_routes(environment, trained, "planned")
         each_role.append(engines_of_routes(routes, environment.backend, concurrency))
-        adapters = with_rl_adapter(adapters, recipe, role, trained)
+        adapters = run.with_rl_adapter(adapters, trained)
     return max(each_role, key=lambda engines: (len(engines), sum(e.adapters for e in engines)), default=[])
 
 

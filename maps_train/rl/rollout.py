@@ -54,7 +54,7 @@ from maps_train.questions import Question
 from maps_train.recipe import Recipe, RoleRoute, route_for
 from maps_train.records.trace import TraceRecord
 from maps_train.retrieval.base import Hit, Retriever
-from maps_train.rl.layout import adapter_name
+from maps_train.rl.layout import RoleRun
 from maps_train.rl.policy import PolicyBackend, PolicySample
 from maps_train.rl.rank_credit import grade_branch_search
 
@@ -62,18 +62,9 @@ PILOT = "pilot"
 
 
 def trained_trace_roles(recipe: Recipe, role: str, source: AdapterSet | None = None) -> list[str]:
-    """The trace roles whose calls the adapter of `role` writes (the consolidator adapter also writes "answer"):
-    the policy answers all of them, since its weights are what the adapter becomes. Under `rl.init: distilled`, a
-    role the distilled adapter in `source` (default: RL's starting set, `adapters.rl_source_set`) never learned
-    (no SFT row: `sft_data.min_rows_per_role`) is left out: its routes send it to the base model, in the
-    environment as when deployed."""
-    adapter_name(recipe, role)  # a role of the recipe's adapters: one line naming them otherwise
-    source = source if source is not None else rl_source_set(recipe)
-    adapter = source.adapter_of(role)
-    roles = sorted(adapter.roles)
-    if recipe.rl.init == "distilled" and adapter.learned is not None:
-        roles = [r for r in roles if r in adapter.learned] or roles
-    return roles
+    """`RoleRun.trained_roles` of `role`'s run, its adapter read from `source` (default: RL's starting set,
+    `adapters.rl_source_set`): the trace roles the policy answers."""
+    return RoleRun.of(recipe, role).trained_roles(source if source is not None else rl_source_set(recipe))
 
 
 def policy_routes(recipe: Recipe, trained_roles: Sequence[str], policy_name: str) -> dict[str, RoleRoute]:

@@ -7,14 +7,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from maps_train.adapters import AdapterSet
 from maps_train.errors import MapsTrainError
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.records.metrics import score_answer
+from maps_train.rl.environment import environment_recipe
 from maps_train.rl.layout import adapter_name
 from maps_train.rl.policy import ModelSampler, PolicyBackend, Sampler, Sampling
 from maps_train.rl.rewards import answer_mode
-from maps_train.rl.rollout import BranchRollouts, policy_router, trained_trace_roles
+from maps_train.rl.rollout import BranchRollouts, policy_router
 from maps_train.train import internals
 
 logger = logging.getLogger(__name__)
@@ -22,16 +24,20 @@ logger = logging.getLogger(__name__)
 class MapsRollouts:
     """TRL's `rollout_func(prompts, trainer)`: each group of G identical prompts (a question id) becomes G branch
     rollouts; returns the branch calls' tokens and, as extra fields TRL hands the reward functions, each
-    rollout's trace and question. The policy backend is built on the first call, from the trainer TRL passes."""
+    rollout's trace and question. The policy backend is built on the first call, from the trainer TRL passes; the
+    calls the policy does not answer go to the environment `environment_recipe(recipe, adapters)` (`rl.environment`),
+    from the very adapter set the policy started from."""
 
     def __init__(self, recipe: Recipe, role: str, questions: Mapping[str, Question], retriever: Any,
-                 environment_backends: Mapping[str, Any] | None = None, trained_roles: list[str] | None = None):
+                 trained_roles: list[str], adapters: AdapterSet,
+                 environment_backends: Mapping[str, Any] | None = None):
         self.recipe = recipe
         self.role = role
+        self.adapters = adapters
         self.questions = questions
         self.retriever = retriever
         self.environment_backends = environment_backends
-        self.trained_roles = trained_roles if trained_roles is not None else trained_trace_roles(recipe, role)
+        self.trained_roles = trained_roles
         self.rollouts: BranchRollouts | None = None
 
     def _build(self, trainer) -> BranchRollouts:
@@ -45,8 +51,9 @@ class MapsRollouts:
             sampler = ModelSampler(lambda: trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class)
         policy = PolicyBackend(sampler, trainer.processing_class, sampling, self.recipe.backend.max_model_len,
                                self.recipe.backend.truncate_prompt, adapter_name(self.recipe, self.role), rl.decoding)
-        router = policy_router(self.recipe, self.trained_roles, policy, self.environment_backends)
-        return BranchRollouts(self.recipe, router, policy, self.retriever, self.trained_roles,
+        environment = environment_recipe(self.recipe, self.adapters)
+        router = policy_router(environment, self.trained_roles, policy, self.environment_backends)
+        return BranchRollouts(environment, router, policy, self.retriever, self.trained_roles,
                               rl.num_generations, rl.seed, rl.reward_for(self.role).process_depth)
 
     def close(self) -> None:

@@ -48,150 +48,120 @@ from maps_train.adapters.set import weights_sha256
 from maps_train.errors import MapsTrainError
 from maps_train.library_options import GRPOOptions
 from maps_train.llm.vllm_internals import vllm_kernel_scan_guard
-from maps_train.platform import apply_runtime_defaults, vllm_on_cpu
+from maps_train.platform import vllm_on_cpu
 from maps_train.questions import Question
 from maps_train.recipe import Recipe
 from maps_train.rl.checkpoints import checkpoint_step, restore_policy_adapter, state_of_checkpoint
 from maps_train.rl.checks import check_rl_config
 from maps_train.rl.curves import plot_rl_curves
-from maps_train.rl.environment import environment_recipe, load_rl_questions
-from maps_train.rl.layout import (
-    SUMMARY_FILE,
-    adapter_name,
-    claim_folder,
-    curves_png,
-    curves_title,
-    drop_reference_copy,
-    is_finished,
-    is_main_rank,
-    policy_start,
-    record_reward_settings,
-    reward_settings,
-    rl_adapter_dir,
-    rl_trainer_dir,
-    with_rl_adapter,
-)
-from maps_train.rl.policy_model import build_grpo_config, colocated_engine_dtype, load_policy_model
+from maps_train.rl.environment import load_rl_questions
+from maps_train.rl.layout import SUMMARY_FILE, RoleRun, is_main_rank
+from maps_train.rl.policy_model import build_policy, colocated_engine
 from maps_train.rl.rewards import reward_functions
-from maps_train.rl.rollout import HitLog, trained_trace_roles
+from maps_train.rl.rollout import HitLog
 from maps_train.rl.rollout_func import MapsRollouts
 from maps_train.train import internals
 
 logger = logging.getLogger(__name__)
 
 
-def train_role(recipe: Recipe, role: str, questions: list[Question], retriever: Any,
-               environment_backends: Mapping[str, Any] | None = None, echo=logger.info,
-               adapters: AdapterSet | None = None) -> dict[str, Any]:
-    """GRPO on the adapter of `role`, starting from its adapter in `adapters` (default: RL's starting set), with
-    `recipe`'s routes as the environment; saves it, checks it and returns its summary (also its rl_summary.json)."""
+def train_role(run: RoleRun, recipe: Recipe, questions: list[Question], retriever: Any, adapters: AdapterSet,
+               environment_backends: Mapping[str, Any] | None = None, echo=logger.info) -> dict[str, Any]:
+    """GRPO on `run`'s adapter, starting from its adapter in `adapters`, in `recipe`'s MAPS with the student with
+    `adapters` answering the calls RL does not train (`rl.environment`); saves the adapter, checks it and returns
+    its summary (also its rl_summary.json)."""
     import os
 
     from datasets import Dataset
-    from transformers import set_seed
     from trl import GRPOTrainer
 
     from maps_train import tracking
     from maps_train.train import sft
-    from maps_train.train.adapter_check import require_valid_adapter
 
     # TRL warns that rollout_func is experimental on every start; docs/rl.md says so once, with the TRL version.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     internals.check_trl_version()
     started = time.time()
-    adapters = adapters if adapters is not None else rl_source_set(recipe)
-    out_dir, checkpoints = rl_adapter_dir(recipe, role), rl_trainer_dir(recipe, role)
-    for folder in (out_dir, checkpoints):
-        claim_folder(folder, role)
+    run.claim_folders()
     if is_main_rank():
-        record_reward_settings(recipe, role)
-    precision = sft.choose_precision(GRPOOptions.of(recipe.rl.grpo).bf16, recipe.train.dtype, "rl.grpo")
-    wandb_on = tracking.wandb_environment(recipe.wandb, recipe.name)
-    args = build_grpo_config(recipe, role, precision.bf16, wandb_on)
-    if recipe.rl.rollout == "vllm" and vllm_on_cpu():
-        apply_runtime_defaults(kv_cache_gib=recipe.backend.cpu_kv_cache_gib)  # before TRL starts its engine
-    set_seed(args.seed)
-    tokenizer = sft.load_tokenizer(recipe)
-    tokenizer.padding_side = "left"  # TRL pads prompts on the left
-    model, peft_config = load_policy_model(recipe, role, precision.dtype, adapters)
-    trained_roles = trained_trace_roles(recipe, role, adapters)
+        run.record_reward_settings()
+    policy = build_policy(run, adapters, tracking.wandb_environment(run.wandb, run.name))
+    trained_roles = run.trained_roles(adapters)
     retrieved = HitLog(retriever)  # the evidence reward matches golds by title and text against these
-    funcs = reward_functions(recipe.rl.reward_for(role), trained_roles, retrieved.passages)
-    rollouts = MapsRollouts(recipe, role, {q.id: q for q in questions}, retrieved, environment_backends,
-                            trained_roles)
-    with vllm_kernel_scan_guard(), colocated_engine_dtype(recipe, args):
+    funcs = reward_functions(run.rl.reward_for(run.role), trained_roles, retrieved.passages)
+    rollouts = MapsRollouts(recipe, run.role, {q.id: q for q in questions}, retrieved, trained_roles, adapters,
+                            environment_backends)
+    with vllm_kernel_scan_guard(), colocated_engine(run, policy.args):
         trainer = GRPOTrainer(
-            model=model,
+            model=policy.model,
             reward_funcs=funcs,
-            args=args,
+            args=policy.args,
             train_dataset=Dataset.from_list([{"prompt": q.id} for q in questions]),
-            processing_class=tokenizer,
-            peft_config=peft_config,
+            processing_class=policy.tokenizer,
+            peft_config=policy.peft_config,
             rollout_func=rollouts,
         )
-    if recipe.rl.rollout == "vllm" and args.vllm_mode == "colocate" and vllm_on_cpu():
+    if run.rl.rollout == "vllm" and policy.args.vllm_mode == "colocate" and vllm_on_cpu():
         # vLLM-CPU refuses TRL's load_weights after repacking its layers: same weights, vLLM's in-place reload.
         internals.sync_weights_in_place(trainer)
-    last_checkpoint = sft.last_complete_checkpoint(checkpoints)
+    last_checkpoint = sft.last_complete_checkpoint(run.trainer_dir)
     if last_checkpoint:
-        echo(f"rl {role}: resuming from {last_checkpoint}")
+        echo(f"rl {run.role}: resuming from {last_checkpoint}")
         restore_policy_adapter(trainer, Path(last_checkpoint))
     try:
-        if last_checkpoint and checkpoint_step(Path(last_checkpoint)) >= args.max_steps > 0:
+        if last_checkpoint and checkpoint_step(Path(last_checkpoint)) >= policy.args.max_steps > 0:
             # The Trainer checks max_steps only after a step: resumed at the last step, it would train one more.
-            echo(f"rl {role}: {last_checkpoint} holds the last step ({args.max_steps}): saving it, no step more")
+            echo(f"rl {run.role}: {last_checkpoint} holds the last step ({policy.args.max_steps}): saving it, no "
+                 "step more")
             result = state_of_checkpoint(trainer, Path(last_checkpoint))
         else:
             result = trainer.train(resume_from_checkpoint=last_checkpoint)
     finally:
         rollouts.close()
     if trainer.state.global_step < 1:
-        raise MapsTrainError(f"rl {role}: no GRPO step was trained (rl.grpo.max_steps, rl.limit); nothing is saved "
-                             "as finished")
+        raise MapsTrainError(f"rl {run.role}: no GRPO step was trained (rl.grpo.max_steps, rl.limit); nothing is "
+                             "saved as finished")
     trainer.save_state()
 
-    sft.save_adapter(trainer, out_dir, sft.recorded_base_model(recipe.train.student))
+    sft.save_adapter(trainer, run.adapter_dir, sft.recorded_base_model(run.train.student))  # checked as vLLM loads it
     summary: dict[str, Any] = {}
     if trainer.accelerator.is_main_process:
-        drop_reference_copy(out_dir)
-        require_valid_adapter(out_dir)
-        summary = role_summary(recipe, role, adapters, trainer, result, time.time() - started)
-        (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")  # last: finished
-        record_artifacts(recipe, role, summary)
-        curves = plot_rl_curves(trainer.state.log_history, curves_png(recipe, role), curves_title(recipe, role))
-        echo(f"rl {role}: curves {curves}")
+        summary = role_summary(run, adapters, trainer, result, time.time() - started)
+        run.summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")  # last: finished
+        record_artifacts(run, summary)
+        curves = plot_rl_curves(trainer.state.log_history, run.curves_png, run.curves_title)
+        echo(f"rl {run.role}: curves {curves}")
     trainer.accelerator.wait_for_everyone()
     return summary
 
 
-def role_summary(recipe: Recipe, role: str, adapters: AdapterSet, trainer, result, seconds: float) -> dict[str, Any]:
+def role_summary(run: RoleRun, adapters: AdapterSet, trainer, result, seconds: float) -> dict[str, Any]:
     """What the Trainer's own records (trainer_state.json) do not say: lineage, roles, the last logged metrics."""
-    source = policy_start(recipe.rl.init, adapters, role)
-    out_dir = rl_adapter_dir(recipe, role)
+    source = run.policy_start(adapters)
     last = next((entry for entry in reversed(trainer.state.log_history) if "reward" in entry), {})
     return {
-        "recipe": recipe.name,
-        "role": role,
-        "adapter": adapter_name(recipe, role),
-        "trained_roles": trained_trace_roles(recipe, role, adapters),
-        "student": recipe.train.student,
-        "init": recipe.rl.init,
+        "recipe": run.name,
+        "role": run.role,
+        "adapter": run.adapter,
+        "trained_roles": run.trained_roles(adapters),
+        "student": run.train.student,
+        "init": run.rl.init,
         "source_adapter": str(source) if source else None,
         "source_sha256": weights_sha256(source),
-        "rl_adapter": str(out_dir),
-        "rl_sha256": weights_sha256(out_dir),
+        "rl_adapter": str(run.adapter_dir),
+        "rl_sha256": weights_sha256(run.adapter_dir),
         "global_step": trainer.state.global_step,
         "train_loss": result.training_loss,
         "last_metrics": last,
-        "num_generations": recipe.rl.num_generations,
-        "rollout": "hf" if recipe.rl.rollout == "hf" else f"vllm/{trainer.args.vllm_mode}",
-        "beta": GRPOOptions.of(recipe.rl.grpo).beta,
-        "reward_settings": reward_settings(recipe, role),
+        "num_generations": run.rl.num_generations,
+        "rollout": "hf" if run.rl.rollout == "hf" else f"vllm/{trainer.args.vllm_mode}",
+        "beta": GRPOOptions.of(run.rl.grpo).beta,
+        "reward_settings": run.reward_settings(),
         "wall_seconds": round(seconds, 2),
     }
 
 
-def record_artifacts(recipe: Recipe, role: str, summary: dict[str, Any]) -> None:
+def record_artifacts(run: RoleRun, summary: dict[str, Any]) -> None:
     """Link the distilled adapter (read) and the RL adapter (written) in the W&B run TRL's integration opened, then
     end it, so the next role gets a run of its own. Nothing happens with W&B off."""
     from maps_train import tracking
@@ -199,9 +169,9 @@ def record_artifacts(recipe: Recipe, role: str, summary: dict[str, Any]) -> None
 
     tracker = tracking.active_tracker()
     if summary["source_adapter"]:
-        tracker.use_artifact(adapter_artifact(recipe, summary["adapter"]), "adapter", summary["source_adapter"])
+        tracker.use_artifact(adapter_artifact(run.name, run.adapter), "adapter", summary["source_adapter"])
     metadata = {key: summary[key] for key in ("global_step", "source_sha256", "student") if summary.get(key)}
-    tracker.log_artifact(tracking.artifact_name("rl-adapter", f"{recipe.name}-{summary['adapter']}"), "adapter",
+    tracker.log_artifact(tracking.artifact_name("rl-adapter", f"{run.name}-{run.adapter}"), "adapter",
                          summary["rl_adapter"], metadata=metadata)
     tracker.finish_run()
 
@@ -243,16 +213,15 @@ def run_rl(recipe: Recipe, questions: list[Question], retriever: Any, adapters: 
     say = echo if rank0 else _say_nothing  # every rank trains; rank 0 reports
     summaries: dict[str, Any] = {}
     for role in recipe.rl.roles:
-        folder = rl_adapter_dir(recipe, role)
-        if is_finished(recipe, role):
-            say(f"rl {role}: already trained ({folder / SUMMARY_FILE})")
+        run = RoleRun.of(recipe, role)
+        if run.is_finished():
+            say(f"rl {role}: already trained ({run.summary_file})")
         else:
-            train_role(environment_recipe(recipe, adapters), role, questions, retriever, environment_backends, say,
-                       adapters)
-            say(f"rl {role}: {folder}")
-        summaries[role] = summary = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
-        adapters = with_rl_adapter(adapters, recipe, role, summary["trained_roles"], summary.get("source_adapter"),
-                                   summary.get("rl_sha256"))
+            train_role(run, recipe, questions, retriever, adapters, environment_backends, say)
+            say(f"rl {role}: {run.adapter_dir}")
+        summaries[role] = summary = json.loads(run.summary_file.read_text(encoding="utf-8"))
+        adapters = run.with_rl_adapter(adapters, summary["trained_roles"], summary.get("source_adapter"),
+                                       summary.get("rl_sha256"))
     lineage = [{key: s[key] for key in ("source_adapter", "source_sha256", "rl_adapter", "rl_sha256")}
                for s in summaries.values()]  # source null: a fresh LoRA (rl.init: base, or an SFT adapter that learned nothing)
     overall = {"recipe": recipe.name, "lineage": lineage, "roles": summaries}

@@ -61,7 +61,6 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     from trl import SFTTrainer
 
     from maps_train.train import callbacks, data, internals, sft
-    from maps_train.train.adapter_check import require_valid_adapter
     from maps_train.train.lm_head import score_labelled_positions_only
 
     check_library_sections(recipe, "train")  # train.sft and train.lora as TRL and PEFT type them
@@ -86,7 +85,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     ###############
     # Tokenizer
     ###############
-    tokenizer = sft.load_tokenizer(recipe)
+    tokenizer = sft.load_tokenizer(recipe.train.student)
 
     ###############
     # Trainer config (before the model, so ZeRO-3 can shard it as it loads)
@@ -98,7 +97,7 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     ###############
     # Model
     ###############
-    model = sft.load_student(recipe, precision)
+    model = sft.load_student(recipe.train, precision)
     vocab_before = model.get_input_embeddings().num_embeddings
 
     ###############
@@ -134,10 +133,9 @@ def train_one(recipe, adapter: str, overwrite: bool = False) -> dict | None:
     # Save (adapter only, checked the way vLLM will load it)
     ###############
     base_model = sft.recorded_base_model(recipe.train.student)
-    sft.save_adapter(trainer, out_dir, base_model)
+    sft.save_adapter(trainer, out_dir, base_model)  # checked (rank 0) the way vLLM will load it
     summary = None
     if state.is_main_process:
-        require_valid_adapter(out_dir)
         summary = {
             "recipe": recipe.name,
             "adapter": adapter,
@@ -222,7 +220,7 @@ def record_artifacts(recipe, adapter: str, out_dir, metrics: dict) -> None:
     sft_dir = train_sft_dir(recipe)
     tracker.use_artifact(tracking.artifact_name("sft", sft_dir), "sft", sft_dir)
     metadata = {key: value for key, value in metrics.items() if value}
-    tracker.log_artifact(sft.adapter_artifact(recipe, adapter), "adapter", out_dir, metadata=metadata)
+    tracker.log_artifact(sft.adapter_artifact(recipe.name, adapter), "adapter", out_dir, metadata=metadata)
     tracker.finish_run()
 
 

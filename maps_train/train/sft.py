@@ -28,7 +28,7 @@ from maps_train.library_options import SFTOptions
 from maps_train.platform import cpu_multiplies_bf16
 from maps_train.recipe import TRAINER_SUBDIR
 from maps_train.tracking import artifact_name, wandb_environment
-from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems
+from maps_train.train.adapter_check import SUPPORTED_MODULES, TOKENIZER_FILES, config_problems, require_valid_adapter
 from maps_train.train.markers import OUTPUT_MARKER, SFT_WRITER, mark, marker_writer
 
 SUMMARY_FILE = SFT_SUMMARY_FILE  # written last: its presence marks a finished adapter
@@ -96,16 +96,16 @@ def adapter_output_dir(recipe, adapter: str) -> Path:
     return Path(recipe.train.output_dir) / check_plain_name(adapter, "adapter")
 
 
-def adapter_artifact(recipe, adapter: str) -> str:
+def adapter_artifact(recipe_name: str, adapter: str) -> str:
     """The W&B artifact name of one trained adapter (`adapter-<recipe name>-<adapter>`)."""
-    return artifact_name("adapter", f"{recipe.name}-{adapter}")
+    return artifact_name("adapter", f"{recipe_name}-{adapter}")
 
 
 def adapter_artifacts(recipe, adapters: AdapterSet) -> list[tuple[str, Path]]:
     """(artifact name, folder) of every adapter of `adapters` with weights: what an eval run of the student links
     as its inputs (`tracker.use_artifact(name, "adapter", folder)`); not one that learned nothing (`train.unlearned`:
     no weights, no artifact)."""
-    return [(adapter_artifact(recipe, name), folder) for name, folder in adapters.served().items()]
+    return [(adapter_artifact(recipe.name, name), folder) for name, folder in adapters.served().items()]
 
 
 def write_adapter_set(recipe) -> Path:
@@ -204,27 +204,28 @@ def build_sft_config(recipe, adapter: str, precision: Precision, has_eval: bool 
         raise MapsTrainError(f"train.sft: trl.SFTConfig refuses it: {' '.join(str(err).split())}") from None
 
 
-def load_student(recipe, precision: Precision):
-    """The base model (never resized: the adapter must fit the base vLLM serves)."""
+def load_student(train, precision: Precision):
+    """The base model `train.student` (never resized: the adapter must fit the base vLLM serves)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from maps_train.models import resolve_model
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, precision.dtype)}
-    if recipe.train.attn_implementation:
-        kwargs["attn_implementation"] = recipe.train.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(resolve_model(recipe.train.student), **kwargs)
+    if train.attn_implementation:
+        kwargs["attn_implementation"] = train.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(resolve_model(train.student), **kwargs)
 
 
-def load_tokenizer(recipe):
+def load_tokenizer(student: str):
+    """The student's tokenizer (`train.student`); one without a chat template is refused."""
     from transformers import AutoTokenizer
 
     from maps_train.models import resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(recipe.train.student))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(student))
     if not tokenizer.chat_template:
-        raise MapsTrainError(f"train.student: {recipe.train.student} has no chat template (use an instruct model)")
+        raise MapsTrainError(f"train.student: {student} has no chat template (use an instruct model)")
     return tokenizer
 
 
@@ -238,17 +239,22 @@ def recorded_base_model(student: str) -> str:
 
 
 def save_adapter(trainer, folder: Path, base_model: str) -> None:
-    """Adapter weights and config only: no tokenizer (vLLM deprecates per-LoRA tokenizers), no trainer args."""
+    """The trained adapter alone, checked (rank 0) the way vLLM will load it: its weights and its config, which
+    names `base_model` (`recorded_base_model`) as its base; no tokenizer (vLLM deprecates per-LoRA tokenizers), no
+    trainer args, and none of the other adapters PEFT saves in subfolders beside it (GRPO's frozen "ref" copy of
+    its starting adapter)."""
+    configs = getattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config", {})
+    for config in configs.values():
+        config.base_model_name_or_path = base_model  # PEFT writes it, with inference_mode true, when it saves
     trainer.save_model(str(folder))  # gathers ZeRO-3 shards where needed; every rank must call it
     if not trainer.accelerator.is_main_process:
         return
     for name in (*TOKENIZER_FILES, "training_args.bin"):
         (folder / name).unlink(missing_ok=True)
-    config_path = folder / "adapter_config.json"
-    config = json.loads(config_path.read_text())
-    config["base_model_name_or_path"] = base_model
-    config["inference_mode"] = True
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for other in configs:
+        if other != "default":
+            shutil.rmtree(folder / other, ignore_errors=True)
+    require_valid_adapter(folder)
 
 
 def last_complete_checkpoint(folder: Path) -> str | None:
