@@ -26,7 +26,6 @@ from typing import Any
 
 from maps_train.analysis.trace_reader import iter_valid_traces, written_queries
 from maps_train.errors import MapsTrainError
-from maps_train.records.metrics import normalize_answer
 from maps_train.records.trace import TraceRecord
 
 
@@ -60,11 +59,10 @@ def question_search(trace: TraceRecord) -> QuestionSearch | None:
         return None
     queries = tuple(hits.query for round_ in trace.rounds for hits in round_.retrieved)
     written = tuple(query for round_ in trace.rounds for query in written_queries(round_))
-    question = normalize_answer(trace.question)
     found = frozenset(i for entry in credit.get("queries", []) for i in entry.get("gold", []))
     directions = tuple(len(round_.directions) for round_ in trace.rounds if round_.directions)
     return QuestionSearch(queries, written, int(credit["gold"]), found,
-                          any(normalize_answer(q) == question for q in written), directions)
+                          any(trace.echoed_by(q) for q in written), directions)
 
 
 def read_searches(path: str | Path) -> tuple[dict[tuple[str, str], QuestionSearch], int]:

@@ -16,6 +16,7 @@ from typing import Any
 from maps_train.errors import MapsTrainError
 from maps_train.jsonl import decode_object, iter_lines
 from maps_train.records.answer import AnswerRecord, Cost, RecordFormatError
+from maps_train.records.metrics import normalize_answer
 from maps_train.records.store import KeyedJsonl, read_records
 
 TRACE_SCHEMA_VERSION = 1
@@ -241,6 +242,11 @@ class TraceRecord:
     @property
     def num_rounds(self) -> int:
         return len(self.rounds)
+
+    def echoed_by(self, query: str) -> bool:
+        """Whether `query` is this trace's question itself, equal after FlashRAG's answer normalisation: a
+        "sub-query" that searches for the question, not a step of it."""
+        return normalize_answer(query) == normalize_answer(self.question)
 
     def all_calls(self) -> list[RoleCall]:
         """Every role call in the order made, the final answer call last."""

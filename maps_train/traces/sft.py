@@ -71,7 +71,6 @@ from maps_train.paths import write_text_atomic
 from maps_train.recipe import Recipe, adapter_of_role, sft_set_dir, sft_set_settings, sft_traces_dir
 from maps_train.records.credit import call_credits, has_gold
 from maps_train.records.hints import student_messages
-from maps_train.records.metrics import normalize_answer
 from maps_train.records.shards import in_shard_folder
 from maps_train.records.trace import RoleCall, TraceFormatError, TraceRecord, iter_traces
 
@@ -383,7 +382,7 @@ class SFTSetBuilder:
 def echoes_question(trace: TraceRecord, call: RoleCall) -> bool:
     """Whether `call` is a writer call whose sub-query is the question, equal after FlashRAG's normalisation."""
     query = call.parsed.get("query") if call.role == "writer" and isinstance(call.parsed, dict) else None
-    return isinstance(query, str) and normalize_answer(query) == normalize_answer(trace.question)
+    return isinstance(query, str) and trace.echoed_by(query)
 
 
 def credit_verdict(call: RoleCall, entry: dict[str, Any] | None, min_answer_f1: float, require_parsed: bool,
